@@ -1,0 +1,113 @@
+//! The bpf filesystem the agent pins its maps and links in.
+//!
+//! Pins are what let programs keep forwarding while the agent is restarted:
+//! a pinned link stays attached, a pinned map keeps its entries. Each agent
+//! has a directory of its own (`--bpffs-dir`, default `/sys/fs/bpf/weft`);
+//! several agents in network namespaces on one host need one each.
+
+use std::{
+    ffi::CString,
+    io,
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+/// `BPF_FS_MAGIC` from linux/magic.h.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// The default directory of an agent's pins.
+pub const DEFAULT_DIR: &str = "/sys/fs/bpf/weft";
+
+/// Where one agent keeps its pins.
+#[derive(Clone, Debug)]
+pub struct PinDir {
+    root: PathBuf,
+}
+
+impl PinDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Maps are pinned here by name.
+    pub fn maps(&self) -> PathBuf {
+        self.root.join("maps")
+    }
+
+    /// Links are pinned here, one per attach point.
+    pub fn links(&self) -> PathBuf {
+        self.root.join("links")
+    }
+
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.maps().join(name)
+    }
+
+    /// Makes sure the directory exists on a bpffs, mounting one there if the
+    /// path is on some other filesystem.
+    pub fn ensure(&self) -> Result<()> {
+        std::fs::create_dir_all(&self.root)
+            .with_context(|| format!("creating the pin directory {}", self.root.display()))?;
+        if !is_bpffs(&self.root)? {
+            mount_bpffs(&self.root)?;
+            tracing::info!(dir = %self.root.display(), "mounted a bpf filesystem for the agent's pins");
+        }
+        for dir in [self.maps(), self.links()] {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        Ok(())
+    }
+
+    /// True when the directory holds pins from an earlier run.
+    pub fn has_pins(&self) -> bool {
+        self.map(dataplane_common::map_names::CONFIG).exists()
+    }
+}
+
+/// Whether `path` lies on a bpf filesystem.
+pub fn is_bpffs(path: &Path) -> Result<bool> {
+    let c = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: statfs writes into the zeroed struct we pass.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error())
+            .with_context(|| format!("statfs {}", path.display()));
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok(st.f_type as i64 == BPF_FS_MAGIC)
+}
+
+fn mount_bpffs(path: &Path) -> Result<()> {
+    let target = CString::new(path.as_os_str().as_bytes())?;
+    let fstype = CString::new("bpf")?;
+    // SAFETY: plain mount(2) with valid C strings.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EPERM) {
+            bail!(
+                "mounting a bpf filesystem at {} was refused: the agent needs root (or CAP_SYS_ADMIN), or mount one there first (`mount -t bpf bpf {}`)",
+                path.display(),
+                path.display()
+            );
+        }
+        return Err(err)
+            .with_context(|| format!("mounting a bpf filesystem at {}", path.display()));
+    }
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! The eBPF dataplane: loading and attaching the programs, their maps, and the
+//! host configuration they rely on.
+
+pub mod bpffs;
+pub mod loader;
+pub mod maps;
+pub mod netlink;

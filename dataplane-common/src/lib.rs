@@ -1,0 +1,195 @@
+//! Types shared by Weft's eBPF programs and its agent.
+//!
+//! Everything here is `#[repr(C)]` and plain old data: the agent writes these
+//! values into eBPF maps and the programs read them, so both sides must agree
+//! on every byte. Addresses are kept in network byte order (`*_be` fields), as
+//! they appear in packets, so the programs compare them without conversion.
+#![no_std]
+
+/// VXLAN overhead over IPv4: outer Ethernet (14) is not counted because the
+/// inner frame's Ethernet header replaces it on the wire; outer IPv4 (20),
+/// UDP (8), VXLAN (8) and inner Ethernet (14) are.
+pub const VXLAN_OVERHEAD: u32 = 50;
+
+/// Default VXLAN UDP port (the Linux and flannel default, not IANA's 4789).
+pub const DEFAULT_VXLAN_PORT: u16 = 8472;
+
+/// Default VXLAN network identifier (flannel's default).
+pub const DEFAULT_VNI: u32 = 1;
+
+/// Capacity of the peer tables: remote subnets a node can route to.
+pub const MAX_PEERS: u32 = 65_536;
+
+/// Map names, as the programs declare them and the agent pins them.
+pub mod map_names {
+    pub const PEERS: &str = "WEFT_PEERS";
+    pub const VTEPS: &str = "WEFT_VTEPS";
+    pub const CONFIG: &str = "WEFT_CONFIG";
+    pub const COUNTERS: &str = "WEFT_COUNTERS";
+}
+
+/// Program names, as the programs declare them.
+pub mod program_names {
+    pub const ENCAP: &str = "weft_encap";
+    pub const DECAP_XDP: &str = "weft_decap";
+    pub const DECAP_TC: &str = "weft_decap_tc";
+}
+
+/// Where packets to one remote subnet go: the remote node's VTEP.
+///
+/// The value of the `WEFT_PEERS` LPM trie (keyed by the remote subnet).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Vtep {
+    /// The remote node's public IPv4 address (outer destination), network order.
+    pub addr_be: u32,
+    /// The remote node's VTEP MAC (inner destination MAC).
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+
+/// What the decapsulation side knows of one remote VTEP.
+///
+/// The value of the `WEFT_VTEPS` hash map (keyed by the VTEP's IPv4 address,
+/// network order). It only says "this address is a known peer"; the inner
+/// source check goes through `WEFT_PEERS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VtepInfo {
+    /// How many subnets this VTEP currently carries (normally 1).
+    pub subnets: u32,
+}
+
+/// The node's own datapath settings, in the one-entry `WEFT_CONFIG` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DataplaneConfig {
+    /// VXLAN network identifier (host order, 24 bits).
+    pub vni: u32,
+    /// VXLAN UDP destination port (host order).
+    pub port: u16,
+    pub _pad0: u16,
+    /// Our public IPv4 address (outer source, decap destination), network order.
+    pub local_addr_be: u32,
+    /// Index of the uplink device the encapsulated packets leave through.
+    pub uplink_ifindex: u32,
+    /// MTU of the uplink: an encapsulated frame never exceeds it.
+    pub uplink_mtu: u32,
+    /// Our VTEP MAC (the inner source MAC we send, the one peers address).
+    pub vtep_mac: [u8; 6],
+    /// The uplink's MAC: decapsulated frames are addressed to it so the stack
+    /// accepts them as PACKET_HOST.
+    pub uplink_mac: [u8; 6],
+    /// Bit flags, see `CONFIG_F_*`.
+    pub flags: u32,
+}
+
+/// Set once the agent has written a complete configuration; until then the
+/// programs pass everything.
+pub const CONFIG_F_READY: u32 = 1;
+
+/// One counter: packets and bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// Why a packet was counted: the index into the per-CPU `WEFT_COUNTERS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Encapsulated and sent to a remote VTEP.
+    Encapsulated = 0,
+    /// Decapsulated and handed to the local pod network.
+    Decapsulated = 1,
+    /// Not overlay traffic: passed on untouched.
+    Passed = 2,
+    /// Encap: the destination lies in no known remote subnet.
+    DropNoRoute = 3,
+    /// Truncated or otherwise unparseable overlay packet.
+    DropMalformed = 4,
+    /// VXLAN to our port with another VNI.
+    DropWrongVni = 5,
+    /// VXLAN from an outer source that is no known peer VTEP.
+    DropUnknownVtep = 6,
+    /// Inner source outside the subnet of the VTEP that sent it.
+    DropSpoofed = 7,
+    /// Encap: the encapsulated frame would exceed the uplink MTU.
+    DropTooBig = 8,
+    /// A helper failed (no room, redirect refused).
+    DropError = 9,
+}
+
+impl Reason {
+    pub const COUNT: u32 = 10;
+
+    pub const ALL: [Reason; Reason::COUNT as usize] = [
+        Reason::Encapsulated,
+        Reason::Decapsulated,
+        Reason::Passed,
+        Reason::DropNoRoute,
+        Reason::DropMalformed,
+        Reason::DropWrongVni,
+        Reason::DropUnknownVtep,
+        Reason::DropSpoofed,
+        Reason::DropTooBig,
+        Reason::DropError,
+    ];
+
+    /// The name used in metrics and `weft status`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reason::Encapsulated => "encapsulated",
+            Reason::Decapsulated => "decapsulated",
+            Reason::Passed => "passed",
+            Reason::DropNoRoute => "drop_no_route",
+            Reason::DropMalformed => "drop_malformed",
+            Reason::DropWrongVni => "drop_wrong_vni",
+            Reason::DropUnknownVtep => "drop_unknown_vtep",
+            Reason::DropSpoofed => "drop_spoofed",
+            Reason::DropTooBig => "drop_too_big",
+            Reason::DropError => "drop_error",
+        }
+    }
+
+    pub const fn is_drop(self) -> bool {
+        (self as u32) >= (Reason::DropNoRoute as u32)
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are #[repr(C)], Copy, and every bit pattern is valid.
+    unsafe impl aya::Pod for super::Vtep {}
+    unsafe impl aya::Pod for super::VtepInfo {}
+    unsafe impl aya::Pod for super::DataplaneConfig {}
+    unsafe impl aya::Pod for super::Counter {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<Vtep>(), 12);
+        assert_eq!(size_of::<VtepInfo>(), 4);
+        assert_eq!(size_of::<DataplaneConfig>(), 36);
+        assert_eq!(size_of::<Counter>(), 16);
+    }
+
+    #[test]
+    fn reasons_are_dense_and_named_uniquely() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+            for other in &Reason::ALL[i + 1..] {
+                assert_ne!(r.name(), other.name());
+            }
+        }
+        assert!(!Reason::Passed.is_drop());
+        assert!(Reason::DropNoRoute.is_drop());
+    }
+}

@@ -1,0 +1,29 @@
+//! Test harness: network namespaces, veth pairs, processes, a real etcd.
+//!
+//! Everything a test creates is named with a per-process prefix and removed
+//! when its guard drops, also when the test fails. Test traffic only goes to
+//! addresses inside namespaces the test made.
+
+pub mod netns;
+pub mod proc;
+
+/// A name unique to this test process: `<prefix><pid%10000><n>`, short
+/// enough for an interface name (15 bytes).
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}{n}", std::process::id() % 10000)
+}
+
+/// Fails the test early, with a clear message, when not run as root.
+pub fn require_root() {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests create network namespaces and attach eBPF programs: run them as root (`cargo xtask test`)"
+    );
+}
+
+pub mod pins;
