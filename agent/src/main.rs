@@ -1,33 +1,50 @@
-use clap::{Parser, Subcommand};
+use std::process::ExitCode;
 
-/// Weft: an eBPF-accelerated VXLAN overlay network, compatible with flannel.
-#[derive(Parser, Debug)]
-#[command(name = "weft", version, about, long_about = None)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
+use clap::Parser as _;
+use weft::cli::{Cli, Command, LogFormat};
 
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Print the dataplane's packet counters.
-    Counters {
-        /// The agent's bpffs directory.
-        #[arg(long, env = "WEFT_BPFFS_DIR", default_value = weft::dataplane::bpffs::DEFAULT_DIR)]
-        bpffs_dir: std::path::PathBuf,
-    },
-}
-
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Counters { bpffs_dir } => {
-            let pins = weft::dataplane::bpffs::PinDir::new(bpffs_dir);
-            let counters = weft::dataplane::maps::Counters::open(&pins)?;
-            for (reason, c) in counters.all()? {
-                println!("{:<20} {:>12} {:>14}", reason.name(), c.packets, c.bytes);
-            }
+    init_logging(cli.log_format, &cli.log_level);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("weft: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Agent(args) => weft::agent::run(*args).await,
+            Command::Leases { etcd, json } => weft::commands::leases(&etcd, json).await,
+            Command::Counters { pins } => weft::commands::counters(&pins),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("weft: error: {e:#}");
+            ExitCode::FAILURE
         }
     }
-    Ok(())
+}
+
+fn init_logging(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
+        eprintln!("weft: bad --log-level {filter:?} ({e}); using info");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    use std::io::IsTerminal as _;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
 }

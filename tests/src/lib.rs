@@ -2,13 +2,16 @@
 //!
 //! Everything a test creates is named with a per-process prefix and removed
 //! when its guard drops, also when the test fails. Test traffic only goes to
-//! addresses inside namespaces the test made.
+//! addresses inside namespaces the test made, or to loopback.
 
+pub mod agent;
+pub mod etcd;
 pub mod netns;
+pub mod pins;
 pub mod proc;
 
 /// A name unique to this test process: `<prefix><pid%10000><n>`, short
-/// enough for an interface name (15 bytes).
+/// enough for an interface name (15 bytes) when the prefix is short.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
@@ -25,5 +28,3 @@ pub fn require_root() {
         "these tests create network namespaces and attach eBPF programs: run them as root (`cargo xtask test`)"
     );
 }
-
-pub mod pins;

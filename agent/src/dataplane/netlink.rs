@@ -294,6 +294,36 @@ impl Netlink {
         Ok(())
     }
 
+    /// The device of the IPv4 default route, if any.
+    pub async fn default_route_oif(&self) -> Result<Option<u32>> {
+        Ok(self
+            .route_messages()
+            .await?
+            .iter()
+            .filter(|m| m.header.destination_prefix_length == 0 && m.header.table == 254)
+            .find_map(parse_route)
+            .map(|r| r.oif))
+    }
+
+    pub async fn link_by_index(&self, index: u32) -> Result<Option<Link>> {
+        let mut stream = self.handle.link().get().match_index(index).execute();
+        match stream.try_next().await {
+            Ok(m) => Ok(m.as_ref().map(parse_link)),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("looking up link {index}")),
+        }
+    }
+
+    /// The device that carries `ip`, if any.
+    pub async fn link_with_address(&self, ip: Ipv4Addr) -> Result<Option<Link>> {
+        for l in self.links().await? {
+            if self.addresses(l.index).await?.iter().any(|(a, _)| *a == ip) {
+                return Ok(Some(l));
+            }
+        }
+        Ok(None)
+    }
+
     /// The IPv4 routes Weft installed (by protocol), in the main table.
     pub async fn weft_routes(&self) -> Result<Vec<Route>> {
         Ok(self

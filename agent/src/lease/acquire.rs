@@ -1,0 +1,621 @@
+//! Fenced subnet acquisition.
+//!
+//! No two nodes can ever hold the same subnet because no write of ours can
+//! touch a key that is not ours:
+//!
+//! - a new subnet is taken only by *creating* its key (`create_revision == 0`),
+//!   attached to our etcd lease;
+//! - an existing key is rewritten only if its value names our PublicIP and our
+//!   node id (or it is an operator's reservation for our PublicIP), and only
+//!   if it is still exactly the version we read (`mod_revision` compare);
+//! - the subnet from the local subnet file is a *preference*: it is tried
+//!   through create-if-absent and never used to update an existing key
+//!   (flannel's bug #1289: a node coming back wrote its old subnet over
+//!   another node's lease);
+//! - a write whose outcome is unknown (timeout) is reconciled by reading again:
+//!   a key naming us with our current lease is ours, so one node never leaves
+//!   two keys behind.
+//!
+//! An attempt costs one read of the subnets prefix, one transaction, and one
+//! lease grant; a lost race costs one more transaction, because a failed
+//! transaction returns a fresh read of the prefix in the same round trip.
+
+use std::{collections::HashSet, net::Ipv4Addr, time::Duration};
+
+use rand::{Rng, seq::IndexedRandom as _};
+use thiserror::Error;
+
+use super::{
+    attrs::LeaseAttrs,
+    config::NetworkConfig,
+    store::{Compare, KeyValue, Listing, Op, Store, StoreError},
+    subnet::Ipv4Net,
+};
+
+/// Who we are, as written in our lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub node_id: String,
+    pub public_ip: Ipv4Addr,
+}
+
+/// A subnet we hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLease {
+    pub subnet: Ipv4Net,
+    pub key: String,
+    /// Our etcd lease; 0 when we hold an operator's reservation (no TTL).
+    pub lease_id: i64,
+    pub create_revision: i64,
+    pub mod_revision: i64,
+    pub attrs: LeaseAttrs,
+}
+
+impl HeldLease {
+    pub fn is_reservation(&self) -> bool {
+        self.lease_id == 0
+    }
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum AcquireError {
+    #[error(
+        "out of subnets: all {total} subnets from {min} to {max} are taken ({leased} by leases, {reserved} by reservations, {other} by other keys)"
+    )]
+    OutOfSubnets {
+        total: u64,
+        leased: u64,
+        reserved: u64,
+        other: u64,
+        min: Ipv4Addr,
+        max: Ipv4Addr,
+    },
+    #[error("lost {0} races for a free subnet in a row")]
+    Contended(u32),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What one acquisition cost, for logs and the lease benchmark.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AcquireStats {
+    pub requests: u32,
+    /// Transactions that lost a race or whose outcome had to be re-read.
+    pub retries: u32,
+}
+
+/// Everything one acquisition needs.
+pub struct AcquireRequest<'a> {
+    /// `<prefix>/subnets/`.
+    pub subnets_prefix: &'a str,
+    pub config: &'a NetworkConfig,
+    pub me: &'a Identity,
+    /// The value we write (must name `me`).
+    pub value: &'a LeaseAttrs,
+    /// TTL of the etcd lease we attach, in seconds.
+    pub ttl: i64,
+    /// The subnet we would like (from the subnet file, or the one we held).
+    pub preferred: Option<Ipv4Net>,
+    /// An etcd lease we already hold and may attach (None: grant one).
+    pub lease_id: Option<i64>,
+}
+
+/// Lost races before giving up this round (the caller retries later).
+pub const MAX_ATTEMPTS: u32 = 10;
+
+/// How many of the first free subnets a new subnet is drawn from.
+const CANDIDATES: usize = 100;
+
+/// One key under the subnets prefix, parsed.
+#[derive(Clone, Debug)]
+struct Entry {
+    subnet: Option<Ipv4Net>,
+    kv: KeyValue,
+    attrs: Option<LeaseAttrs>,
+}
+
+/// What to do next, given a read of the prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Plan {
+    /// The key is already ours exactly as we want it.
+    Adopt(KeyValue, Ipv4Net),
+    /// Rewrite our own key (or our reservation) if unchanged since we read it.
+    Reclaim {
+        kv: KeyValue,
+        subnet: Ipv4Net,
+        reservation: bool,
+    },
+    /// Create a free subnet's key.
+    Create(Ipv4Net),
+    OutOfSubnets(AcquireError),
+}
+
+fn parse_listing(prefix: &str, listing: &Listing) -> Vec<Entry> {
+    listing
+        .kvs
+        .iter()
+        .map(|kv| Entry {
+            subnet: kv
+                .key
+                .strip_prefix(prefix)
+                .and_then(|s| Ipv4Net::from_key(s).ok()),
+            attrs: LeaseAttrs::parse(&kv.value).ok(),
+            kv: kv.clone(),
+        })
+        .collect()
+}
+
+/// Whether `e` is a key we may rewrite: it names our node id and PublicIP;
+/// or it is a reservation (no lease) for our PublicIP that names no node or
+/// us; or it is a lease flannel wrote for our PublicIP (no node id), which a
+/// node moving from flannel to Weft takes over.
+fn is_ours(e: &Entry, me: &Identity) -> bool {
+    let Some(a) = &e.attrs else { return false };
+    if a.public_ip != me.public_ip || e.subnet.is_none() {
+        return false;
+    }
+    match &a.node_id {
+        Some(n) => *n == me.node_id,
+        None => true,
+    }
+}
+
+fn plan(
+    req: &AcquireRequest<'_>,
+    entries: &[Entry],
+    lease_id: Option<i64>,
+    rng: &mut impl Rng,
+) -> (Plan, Vec<KeyValue>) {
+    let value = req.value.to_json().into_bytes();
+    let mut ours: Vec<&Entry> = entries.iter().filter(|e| is_ours(e, req.me)).collect();
+    // Preference: an operator's reservation, then the preferred subnet, then
+    // the key most recently written.
+    ours.sort_by_key(|e| {
+        (
+            e.kv.lease != 0,
+            e.subnet != req.preferred,
+            std::cmp::Reverse(e.kv.mod_revision),
+        )
+    });
+    if let Some(chosen) = ours.first() {
+        let subnet = chosen.subnet.expect("is_ours checked the key");
+        // Other leased keys naming this node are leftovers: remove them.
+        // Reservations and flannel's keys are never removed.
+        let extras = ours[1..]
+            .iter()
+            .filter(|e| e.kv.lease != 0 && e.attrs.as_ref().is_some_and(|a| a.node_id.is_some()))
+            .map(|e| e.kv.clone())
+            .collect();
+        let reservation = chosen.kv.lease == 0;
+        let current =
+            chosen.kv.value == value && (reservation || Some(chosen.kv.lease) == lease_id);
+        let plan = if current {
+            Plan::Adopt(chosen.kv.clone(), subnet)
+        } else {
+            Plan::Reclaim {
+                kv: chosen.kv.clone(),
+                subnet,
+                reservation,
+            }
+        };
+        return (plan, extras);
+    }
+
+    // Nothing of ours: every existing key's subnet is taken, whatever its
+    // value (reservations, malformed values and other prefix lengths too).
+    let cfg = req.config;
+    let mut exact: HashSet<u32> = HashSet::new();
+    let mut others: Vec<Ipv4Net> = Vec::new();
+    for s in entries.iter().filter_map(|e| e.subnet) {
+        if s.prefix_len() == cfg.subnet_len {
+            exact.insert(s.addr_u32());
+        } else {
+            others.push(s);
+        }
+    }
+    let is_free =
+        |s: &Ipv4Net| !exact.contains(&s.addr_u32()) && !others.iter().any(|o| o.overlaps(s));
+
+    if let Some(p) = req.preferred
+        && cfg.is_assignable(&p)
+        && is_free(&p)
+    {
+        return (Plan::Create(p), Vec::new());
+    }
+    let free: Vec<Ipv4Net> = cfg
+        .subnets()
+        .filter(|s| is_free(s))
+        .take(CANDIDATES)
+        .collect();
+    match free.choose(rng) {
+        Some(s) => (Plan::Create(*s), Vec::new()),
+        None => {
+            let in_range: Vec<&Entry> = entries
+                .iter()
+                .filter(|e| e.subnet.is_some_and(|s| cfg.is_assignable(&s)))
+                .collect();
+            let leased = in_range.iter().filter(|e| e.kv.lease != 0).count() as u64;
+            let reserved = in_range.iter().filter(|e| e.kv.lease == 0).count() as u64;
+            let total = cfg.subnet_count();
+            (
+                Plan::OutOfSubnets(AcquireError::OutOfSubnets {
+                    total,
+                    leased,
+                    reserved,
+                    other: total.saturating_sub(leased + reserved),
+                    min: cfg.subnet_min,
+                    max: cfg.subnet_max,
+                }),
+                Vec::new(),
+            )
+        }
+    }
+}
+
+/// Acquires a subnet. Returns the held lease and the etcd lease id granted
+/// (if any) along the way, even on failure, so the caller can reuse it.
+pub async fn acquire<S: Store>(
+    store: &S,
+    req: &AcquireRequest<'_>,
+    rng: &mut (impl Rng + Send),
+) -> (Result<HeldLease, AcquireError>, AcquireStats, Option<i64>) {
+    let mut stats = AcquireStats::default();
+    let mut lease_id = req.lease_id;
+    let r = acquire_inner(store, req, rng, &mut stats, &mut lease_id).await;
+    (r, stats, lease_id)
+}
+
+async fn acquire_inner<S: Store>(
+    store: &S,
+    req: &AcquireRequest<'_>,
+    rng: &mut (impl Rng + Send),
+    stats: &mut AcquireStats,
+    lease_id: &mut Option<i64>,
+) -> Result<HeldLease, AcquireError> {
+    let prefix = req.subnets_prefix;
+    let value = req.value.to_json().into_bytes();
+    stats.requests += 1;
+    let mut listing = store.list(prefix).await?;
+
+    for attempt in 0..MAX_ATTEMPTS {
+        let entries = parse_listing(prefix, &listing);
+        let (plan, extras) = plan(req, &entries, *lease_id, rng);
+        let (key, subnet, compare, attach, reservation, create_rev) = match plan {
+            Plan::OutOfSubnets(e) => return Err(e),
+            Plan::Adopt(kv, subnet) => {
+                remove_extras(store, &extras, stats).await;
+                return Ok(HeldLease {
+                    subnet,
+                    key: kv.key,
+                    lease_id: kv.lease,
+                    create_revision: kv.create_revision,
+                    mod_revision: kv.mod_revision,
+                    attrs: req.value.clone(),
+                });
+            }
+            Plan::Reclaim {
+                kv,
+                subnet,
+                reservation,
+            } => (
+                kv.key.clone(),
+                subnet,
+                Compare::ModRevision(kv.key.clone(), kv.mod_revision),
+                !reservation,
+                reservation,
+                Some(kv.create_revision),
+            ),
+            Plan::Create(subnet) => {
+                let key = format!("{prefix}{}", subnet.to_key());
+                (
+                    key.clone(),
+                    subnet,
+                    Compare::CreateRevision(key, 0),
+                    true,
+                    false,
+                    None,
+                )
+            }
+        };
+        let lease = if attach {
+            match *lease_id {
+                Some(id) => id,
+                None => {
+                    stats.requests += 1;
+                    let id = store.grant(req.ttl).await?;
+                    *lease_id = Some(id);
+                    id
+                }
+            }
+        } else {
+            0
+        };
+        stats.requests += 1;
+        let put = Op::Put {
+            key: key.clone(),
+            value: value.clone(),
+            lease,
+        };
+        match store.txn(vec![compare], vec![put], Some(prefix)).await {
+            Ok(o) if o.succeeded => {
+                remove_extras(store, &extras, stats).await;
+                return Ok(HeldLease {
+                    subnet,
+                    key,
+                    lease_id: if reservation { 0 } else { lease },
+                    create_revision: create_rev.unwrap_or(o.revision),
+                    mod_revision: o.revision,
+                    attrs: req.value.clone(),
+                });
+            }
+            Ok(o) => {
+                stats.retries += 1;
+                listing = o.listing.unwrap_or_default();
+                tracing::debug!(%subnet, attempt, "lost the race for a subnet; choosing again");
+                store.pause(backoff(attempt, rng)).await;
+            }
+            Err(e) => {
+                // The write may have been applied: read again and let the
+                // plan find our key if it was.
+                tracing::warn!(%subnet, error = %e, "lease write outcome unknown; re-reading");
+                stats.retries += 1;
+                store.pause(backoff(attempt, rng)).await;
+                stats.requests += 1;
+                listing = store.list(prefix).await?;
+            }
+        }
+    }
+    Err(AcquireError::Contended(MAX_ATTEMPTS))
+}
+
+async fn remove_extras<S: Store>(store: &S, extras: &[KeyValue], stats: &mut AcquireStats) {
+    for kv in extras {
+        stats.requests += 1;
+        let r = store
+            .txn(
+                vec![Compare::ModRevision(kv.key.clone(), kv.mod_revision)],
+                vec![Op::Delete {
+                    key: kv.key.clone(),
+                }],
+                None,
+            )
+            .await;
+        match r {
+            Ok(o) if o.succeeded => {
+                tracing::info!(key = %kv.key, "removed a leftover lease of this node")
+            }
+            Ok(_) => tracing::debug!(key = %kv.key, "leftover lease changed meanwhile; left alone"),
+            Err(e) => {
+                tracing::warn!(key = %kv.key, error = %e, "could not remove a leftover lease")
+            }
+        }
+    }
+}
+
+/// Jittered exponential backoff: up to 10 ms, 20 ms, ... capped at 320 ms.
+fn backoff(attempt: u32, rng: &mut (impl Rng + Send)) -> Duration {
+    let cap = 10u64 << attempt.min(5);
+    Duration::from_millis(rng.random_range(0..=cap))
+}
+
+/// Rewrites our lease's value, only while the key still carries our etcd
+/// lease and the create revision we created it with. Returns the new
+/// mod_revision, or None if the key is no longer ours.
+pub async fn update_value<S: Store>(
+    store: &S,
+    held: &HeldLease,
+    value: &LeaseAttrs,
+) -> Result<Option<i64>, StoreError> {
+    let o = store
+        .txn(
+            vec![
+                Compare::Lease(held.key.clone(), held.lease_id),
+                Compare::CreateRevision(held.key.clone(), held.create_revision),
+            ],
+            vec![Op::Put {
+                key: held.key.clone(),
+                value: value.to_json().into_bytes(),
+                lease: held.lease_id,
+            }],
+            None,
+        )
+        .await?;
+    Ok(o.succeeded.then_some(o.revision))
+}
+
+/// Whether the key is still ours: same create revision, same etcd lease.
+pub async fn still_held<S: Store>(store: &S, held: &HeldLease) -> Result<bool, StoreError> {
+    Ok(store
+        .get(&held.key)
+        .await?
+        .is_some_and(|kv| kv.create_revision == held.create_revision && kv.lease == held.lease_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mac::MacAddr;
+    use rand::SeedableRng as _;
+
+    fn cfg() -> NetworkConfig {
+        NetworkConfig::parse(br#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap()
+    }
+
+    fn me(n: &str, ip: [u8; 4]) -> Identity {
+        Identity {
+            node_id: n.into(),
+            public_ip: Ipv4Addr::from(ip),
+        }
+    }
+
+    fn value(m: &Identity) -> LeaseAttrs {
+        LeaseAttrs::vxlan(m.public_ip, 1, MacAddr([2, 0, 0, 0, 0, 1]), &m.node_id)
+    }
+
+    fn kv(subnet: &str, v: &LeaseAttrs, lease: i64, rev: i64) -> KeyValue {
+        let s: Ipv4Net = subnet.parse().unwrap();
+        KeyValue {
+            key: format!("/p/subnets/{}", s.to_key()),
+            value: v.to_json().into_bytes(),
+            create_revision: rev,
+            mod_revision: rev,
+            version: 1,
+            lease,
+        }
+    }
+
+    fn run_plan(
+        m: &Identity,
+        preferred: Option<&str>,
+        kvs: Vec<KeyValue>,
+        lease: Option<i64>,
+    ) -> (Plan, Vec<KeyValue>) {
+        let c = cfg();
+        let v = value(m);
+        let req = AcquireRequest {
+            subnets_prefix: "/p/subnets/",
+            config: &c,
+            me: m,
+            value: &v,
+            ttl: 60,
+            preferred: preferred.map(|p| p.parse().unwrap()),
+            lease_id: lease,
+        };
+        let listing = Listing { revision: 10, kvs };
+        let entries = parse_listing("/p/subnets/", &listing);
+        plan(
+            &req,
+            &entries,
+            lease,
+            &mut rand::rngs::StdRng::seed_from_u64(1),
+        )
+    }
+
+    #[test]
+    fn a_preference_never_touches_an_existing_key() {
+        let a = me("a", [198, 18, 0, 1]);
+        let b = me("b", [198, 18, 0, 2]);
+        // B holds 10.5.7.0/24; A prefers it (stale subnet file).
+        let (p, _) = run_plan(
+            &a,
+            Some("10.5.7.0/24"),
+            vec![kv("10.5.7.0/24", &value(&b), 7, 3)],
+            None,
+        );
+        match p {
+            Plan::Create(s) => assert_ne!(s.to_string(), "10.5.7.0/24"),
+            other => panic!("expected a new subnet, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_free_preference_is_created() {
+        let a = me("a", [198, 18, 0, 1]);
+        let (p, _) = run_plan(&a, Some("10.5.9.0/24"), vec![], None);
+        assert_eq!(p, Plan::Create("10.5.9.0/24".parse().unwrap()));
+        // Outside SubnetMin..SubnetMax or misaligned: ignored.
+        let (p, _) = run_plan(&a, Some("10.5.0.0/24"), vec![], None);
+        assert_ne!(p, Plan::Create("10.5.0.0/24".parse().unwrap()));
+        let (p, _) = run_plan(&a, Some("10.5.9.0/25"), vec![], None);
+        assert!(matches!(p, Plan::Create(s) if s.prefix_len() == 24));
+    }
+
+    #[test]
+    fn own_keys_are_reclaimed_clones_and_strangers_are_not() {
+        let a = me("a", [198, 18, 0, 1]);
+        let clone = me("a-clone", [198, 18, 0, 1]);
+        let mine = kv("10.5.3.0/24", &value(&a), 5, 4);
+        let (p, _) = run_plan(&a, None, vec![mine.clone()], Some(99));
+        assert!(
+            matches!(p, Plan::Reclaim { ref kv, reservation: false, .. } if kv.key == mine.key)
+        );
+        // Same key with our current lease and value: adopted without a write.
+        let (p, _) = run_plan(
+            &a,
+            None,
+            vec![kv("10.5.3.0/24", &value(&a), 99, 4)],
+            Some(99),
+        );
+        assert!(matches!(p, Plan::Adopt(..)));
+        // The clone (same PublicIP, other node id) never takes it.
+        let (p, _) = run_plan(&clone, None, vec![mine.clone()], None);
+        assert!(matches!(p, Plan::Create(s) if s.to_string() != "10.5.3.0/24"));
+    }
+
+    #[test]
+    fn reservations_for_our_ip_are_used_without_a_lease_and_no_one_else_gets_them() {
+        let a = me("a", [198, 18, 0, 1]);
+        let b = me("b", [198, 18, 0, 2]);
+        let mut reserved = LeaseAttrs::parse(br#"{"PublicIP":"198.18.0.1"}"#).unwrap();
+        reserved.node_id = None;
+        let r = kv("10.5.200.0/24", &reserved, 0, 2);
+        let (p, _) = run_plan(&a, Some("10.5.4.0/24"), vec![r.clone()], None);
+        assert!(
+            matches!(
+                p,
+                Plan::Reclaim {
+                    reservation: true,
+                    ..
+                }
+            ),
+            "{p:?}"
+        );
+        let (p, _) = run_plan(&b, Some("10.5.200.0/24"), vec![r], None);
+        assert!(matches!(p, Plan::Create(s) if s.to_string() != "10.5.200.0/24"));
+    }
+
+    #[test]
+    fn leftover_keys_of_this_node_are_removed() {
+        let a = me("a", [198, 18, 0, 1]);
+        let k1 = kv("10.5.3.0/24", &value(&a), 5, 4);
+        let k2 = kv("10.5.8.0/24", &value(&a), 6, 9);
+        let (p, extras) = run_plan(&a, Some("10.5.3.0/24"), vec![k1.clone(), k2.clone()], None);
+        assert!(matches!(p, Plan::Reclaim { ref kv, .. } if kv.key == k1.key));
+        assert_eq!(extras, vec![k2]);
+    }
+
+    #[test]
+    fn out_of_subnets_counts_what_holds_them() {
+        let c = NetworkConfig::parse(br#"{"Network":"10.9.0.0/28","Backend":{"Type":"vxlan"}}"#)
+            .unwrap();
+        assert_eq!(c.subnet_count(), 3);
+        let b = me("b", [198, 18, 0, 2]);
+        let kvs = vec![
+            kv("10.9.0.4/30", &value(&b), 1, 1),
+            kv("10.9.0.8/30", &value(&b), 0, 1),
+            KeyValue {
+                key: "/p/subnets/10.9.0.12-30".into(),
+                value: b"garbage".to_vec(),
+                create_revision: 1,
+                mod_revision: 1,
+                version: 1,
+                lease: 3,
+            },
+        ];
+        let a = me("a", [198, 18, 0, 1]);
+        let v = value(&a);
+        let req = AcquireRequest {
+            subnets_prefix: "/p/subnets/",
+            config: &c,
+            me: &a,
+            value: &v,
+            ttl: 60,
+            preferred: None,
+            lease_id: None,
+        };
+        let entries = parse_listing("/p/subnets/", &Listing { revision: 1, kvs });
+        let (p, _) = plan(
+            &req,
+            &entries,
+            None,
+            &mut rand::rngs::StdRng::seed_from_u64(1),
+        );
+        let Plan::OutOfSubnets(e) = p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(
+            e.to_string(),
+            "out of subnets: all 3 subnets from 10.9.0.4 to 10.9.0.12 are taken (2 by leases, 1 by reservations, 0 by other keys)"
+        );
+    }
+}

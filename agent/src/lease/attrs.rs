@@ -1,0 +1,202 @@
+//! The value of a lease key: flannel's `LeaseAttrs` JSON, plus the field
+//! `WeftNodeID` naming the node (flannel ignores fields it does not know).
+//!
+//! flannel writes (Go `encoding/json`, field order fixed):
+//! `{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan",
+//!   "BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}`
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::mac::MacAddr;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseAttrs {
+    pub public_ip: Ipv4Addr,
+    pub public_ipv6: Option<Ipv6Addr>,
+    pub backend_type: String,
+    pub backend_data: Option<Value>,
+    pub backend_v6_data: Option<Value>,
+    /// The node that holds the lease; None in leases written by flannel.
+    pub node_id: Option<String>,
+}
+
+/// The vxlan backend's `BackendData`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VxlanData {
+    #[serde(rename = "VNI")]
+    pub vni: u32,
+    #[serde(rename = "VtepMAC")]
+    pub vtep_mac: MacAddr,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum AttrsError {
+    #[error("lease value is not flannel lease JSON: {0}")]
+    Json(String),
+    #[error("lease value has PublicIP {0:?}, not an IPv4 address")]
+    PublicIp(String),
+    #[error("lease value has PublicIPv6 {0:?}, not an IPv6 address")]
+    PublicIpv6(String),
+    #[error("lease value has BackendType {0:?}, not \"vxlan\"")]
+    NotVxlan(String),
+    #[error("lease value has bad vxlan BackendData: {0}")]
+    VxlanData(String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct Wire {
+    #[serde(rename = "PublicIP")]
+    public_ip: String,
+    #[serde(rename = "PublicIPv6", default)]
+    public_ipv6: Option<String>,
+    #[serde(
+        rename = "BackendType",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    backend_type: String,
+    #[serde(
+        rename = "BackendData",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    backend_data: Option<Value>,
+    #[serde(
+        rename = "BackendV6Data",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    backend_v6_data: Option<Value>,
+    #[serde(
+        rename = "WeftNodeID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    node_id: Option<String>,
+}
+
+impl LeaseAttrs {
+    /// The value a Weft node writes for itself.
+    pub fn vxlan(public_ip: Ipv4Addr, vni: u32, vtep_mac: MacAddr, node_id: &str) -> Self {
+        Self {
+            public_ip,
+            public_ipv6: None,
+            backend_type: "vxlan".into(),
+            backend_data: Some(
+                serde_json::to_value(VxlanData { vni, vtep_mac }).expect("plain struct serializes"),
+            ),
+            backend_v6_data: None,
+            node_id: Some(node_id.to_string()),
+        }
+    }
+
+    pub fn parse(bytes: &[u8]) -> Result<Self, AttrsError> {
+        let w: Wire = serde_json::from_slice(bytes).map_err(|e| AttrsError::Json(e.to_string()))?;
+        let public_ip = w
+            .public_ip
+            .parse()
+            .map_err(|_| AttrsError::PublicIp(w.public_ip.clone()))?;
+        let public_ipv6 = match w.public_ipv6 {
+            None => None,
+            Some(s) => Some(s.parse().map_err(|_| AttrsError::PublicIpv6(s.clone()))?),
+        };
+        Ok(Self {
+            public_ip,
+            public_ipv6,
+            backend_type: w.backend_type,
+            backend_data: w.backend_data,
+            backend_v6_data: w.backend_v6_data,
+            node_id: w.node_id.filter(|n| !n.is_empty()),
+        })
+    }
+
+    /// Serializes in flannel's field order.
+    pub fn to_json(&self) -> String {
+        let w = Wire {
+            public_ip: self.public_ip.to_string(),
+            public_ipv6: self.public_ipv6.map(|ip| ip.to_string()),
+            backend_type: self.backend_type.clone(),
+            backend_data: self.backend_data.clone(),
+            backend_v6_data: self.backend_v6_data.clone(),
+            node_id: self.node_id.clone(),
+        };
+        serde_json::to_string(&w).expect("plain struct serializes")
+    }
+
+    /// The vxlan backend data, for a lease of the vxlan backend.
+    pub fn vxlan_data(&self) -> Result<VxlanData, AttrsError> {
+        if self.backend_type != "vxlan" {
+            return Err(AttrsError::NotVxlan(self.backend_type.clone()));
+        }
+        let data = self
+            .backend_data
+            .clone()
+            .ok_or_else(|| AttrsError::VxlanData("BackendData is missing".into()))?;
+        serde_json::from_value(data).map_err(|e| AttrsError::VxlanData(e.to_string()))
+    }
+
+    /// Whether this value names `node_id` at `public_ip`.
+    pub fn names(&self, node_id: &str, public_ip: Ipv4Addr) -> bool {
+        self.public_ip == public_ip && self.node_id.as_deref() == Some(node_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lease exactly as flannel 0.2x writes it.
+    const FLANNEL: &str = r#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#;
+
+    #[test]
+    fn reads_flannel_leases() {
+        let a = LeaseAttrs::parse(FLANNEL.as_bytes()).unwrap();
+        assert_eq!(a.public_ip, Ipv4Addr::new(192, 168, 64, 3));
+        assert_eq!(a.node_id, None);
+        let v = a.vxlan_data().unwrap();
+        assert_eq!(v.vni, 1);
+        assert_eq!(v.vtep_mac.to_string(), "c6:d2:32:6f:8f:44");
+        // And writes them back byte for byte.
+        assert_eq!(a.to_json(), FLANNEL);
+    }
+
+    #[test]
+    fn writes_flannel_json_plus_the_node_id() {
+        let mac = "c6:d2:32:6f:8f:44".parse().unwrap();
+        let a = LeaseAttrs::vxlan(Ipv4Addr::new(192, 168, 64, 3), 1, mac, "node-a");
+        let json = a.to_json();
+        assert_eq!(
+            json,
+            r#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"},"WeftNodeID":"node-a"}"#
+        );
+        // flannel's reader only needs its own fields: the same JSON minus ours.
+        let without_ours = json.replace(r#","WeftNodeID":"node-a""#, "");
+        assert_eq!(without_ours, FLANNEL);
+        assert!(
+            LeaseAttrs::parse(json.as_bytes())
+                .unwrap()
+                .names("node-a", a.public_ip)
+        );
+    }
+
+    #[test]
+    fn malformed_values_say_why() {
+        assert!(matches!(
+            LeaseAttrs::parse(b"not json"),
+            Err(AttrsError::Json(_))
+        ));
+        assert!(matches!(LeaseAttrs::parse(b"{}"), Err(AttrsError::Json(_))));
+        assert_eq!(
+            LeaseAttrs::parse(br#"{"PublicIP":"300.1.1.1"}"#),
+            Err(AttrsError::PublicIp("300.1.1.1".into()))
+        );
+        let a = LeaseAttrs::parse(br#"{"PublicIP":"10.0.0.1","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"nope"}}"#).unwrap();
+        assert!(matches!(a.vxlan_data(), Err(AttrsError::VxlanData(_))));
+        let a = LeaseAttrs::parse(br#"{"PublicIP":"10.0.0.1","BackendType":"host-gw"}"#).unwrap();
+        assert_eq!(a.vxlan_data(), Err(AttrsError::NotVxlan("host-gw".into())));
+    }
+}

@@ -1,0 +1,399 @@
+//! The network configuration at `<prefix>/config`, read and validated with
+//! flannel's defaults and rules, so a config written for flannel means the
+//! same thing to Weft.
+
+use std::net::Ipv4Addr;
+
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+use super::subnet::Ipv4Net;
+
+/// A config that cannot be used, naming the field at fault.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("network config: {field}: {reason}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+fn err(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// A validated network config (IPv4, vxlan backend).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkConfig {
+    pub network: Ipv4Net,
+    pub subnet_len: u8,
+    /// First subnet handed out (aligned to `subnet_len`).
+    pub subnet_min: Ipv4Addr,
+    /// Last subnet handed out (aligned to `subnet_len`).
+    pub subnet_max: Ipv4Addr,
+    pub backend_type: String,
+    pub vni: u32,
+    pub port: u16,
+    /// Settings Weft accepts but does not act on, to log once.
+    pub ignored: Vec<String>,
+}
+
+impl NetworkConfig {
+    /// Parses and validates the JSON stored at `<prefix>/config`.
+    pub fn parse(json: &[u8]) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_slice(json)
+            .map_err(|e| err("(document)", format!("not valid JSON: {e}")))?;
+        let Value::Object(obj) = value else {
+            return Err(err("(document)", "must be a JSON object"));
+        };
+        Self::from_object(&obj)
+    }
+
+    fn from_object(obj: &Map<String, Value>) -> Result<Self, ConfigError> {
+        let mut ignored = Vec::new();
+        if get_bool(obj, "EnableIPv4")? == Some(false) {
+            return Err(err(
+                "EnableIPv4",
+                "is false, but Weft's datapath carries IPv4 pod traffic only",
+            ));
+        }
+        if get_bool(obj, "EnableIPv6")? == Some(true) {
+            return Err(err(
+                "EnableIPv6",
+                "is true, but Weft's datapath carries IPv4 pod traffic only; dual-stack networks are not supported",
+            ));
+        }
+        let network_str = get_str(obj, "Network")?
+            .ok_or_else(|| err("Network", "is missing (e.g. \"10.244.0.0/16\")"))?;
+        let network: Ipv4Net = network_str
+            .parse()
+            .map_err(|e| err("Network", format!("{e}")))?;
+
+        let subnet_len = match get_u64(obj, "SubnetLen")? {
+            Some(0) | None => {
+                if network.prefix_len() > 28 {
+                    return Err(err(
+                        "Network",
+                        format!("{network} is too small; the smallest useful network is a /28"),
+                    ));
+                } else if network.prefix_len() <= 22 {
+                    24
+                } else {
+                    network.prefix_len() + 2
+                }
+            }
+            Some(l) => {
+                if l > 30 {
+                    return Err(err("SubnetLen", format!("{l} must be at most 30")));
+                }
+                let l = l as u8;
+                if l < network.prefix_len() + 2 {
+                    return Err(err(
+                        "SubnetLen",
+                        format!("/{l} leaves {network} room for fewer than four subnets"),
+                    ));
+                }
+                l
+            }
+        };
+        let size = 1u32 << (32 - subnet_len as u32);
+        let mask = u32::MAX << (32 - subnet_len as u32);
+
+        let subnet_min = match get_ip(obj, "SubnetMin")? {
+            None => Ipv4Addr::from(network.addr_u32() + size),
+            Some(ip) => {
+                if !network.contains(ip) {
+                    return Err(err("SubnetMin", format!("{ip} is not inside {network}")));
+                }
+                ip
+            }
+        };
+        let subnet_max = match get_ip(obj, "SubnetMax")? {
+            None => Ipv4Addr::from(u32::from(network.last()) - size + 1),
+            Some(ip) => {
+                if !network.contains(ip) {
+                    return Err(err("SubnetMax", format!("{ip} is not inside {network}")));
+                }
+                ip
+            }
+        };
+        if u32::from(subnet_min) & !mask != 0 {
+            return Err(err(
+                "SubnetMin",
+                format!("{subnet_min} is not on a /{subnet_len} boundary"),
+            ));
+        }
+        if u32::from(subnet_max) & !mask != 0 {
+            return Err(err(
+                "SubnetMax",
+                format!("{subnet_max} is not on a /{subnet_len} boundary"),
+            ));
+        }
+        if u32::from(subnet_min) > u32::from(subnet_max) {
+            return Err(err(
+                "SubnetMin",
+                format!("{subnet_min} is above SubnetMax {subnet_max}"),
+            ));
+        }
+
+        let backend = match obj.get("Backend") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(b)) => b.clone(),
+            Some(_) => {
+                return Err(err(
+                    "Backend",
+                    "must be an object like {\"Type\":\"vxlan\"}",
+                ));
+            }
+        };
+        // flannel's default backend is "udp".
+        let backend_type = get_str(&backend, "Type")
+            .map_err(|e| err("Backend.Type", e.reason))?
+            .unwrap_or("udp")
+            .to_ascii_lowercase();
+        if backend_type != "vxlan" {
+            return Err(err(
+                "Backend.Type",
+                format!("is {backend_type:?}; Weft implements flannel's \"vxlan\" backend only"),
+            ));
+        }
+        let vni = match get_u64(&backend, "VNI").map_err(|e| err("Backend.VNI", e.reason))? {
+            None | Some(0) => dataplane_common::DEFAULT_VNI,
+            Some(v) if v < (1 << 24) => v as u32,
+            Some(v) => return Err(err("Backend.VNI", format!("{v} does not fit in 24 bits"))),
+        };
+        let port = match get_u64(&backend, "Port").map_err(|e| err("Backend.Port", e.reason))? {
+            None | Some(0) => dataplane_common::DEFAULT_VXLAN_PORT,
+            Some(p) if p <= u16::MAX as u64 => p as u16,
+            Some(p) => return Err(err("Backend.Port", format!("{p} is not a UDP port"))),
+        };
+        if get_bool(&backend, "GBP").map_err(|e| err("Backend.GBP", e.reason))? == Some(true) {
+            return Err(err(
+                "Backend.GBP",
+                "VXLAN group-based policy is not supported by Weft",
+            ));
+        }
+        for (key, what) in [
+            (
+                "DirectRouting",
+                "Weft always encapsulates; peers using direct routing still reach it",
+            ),
+            (
+                "MTU",
+                "Weft derives the overlay MTU from the uplink (uplink MTU - 50)",
+            ),
+            (
+                "Learning",
+                "Weft programs its peers from etcd; learning does not apply",
+            ),
+        ] {
+            if let Some(v) = backend.get(key)
+                && !matches!(v, Value::Null | Value::Bool(false))
+            {
+                ignored.push(format!("Backend.{key}={v}: {what}"));
+            }
+        }
+
+        Ok(Self {
+            network,
+            subnet_len,
+            subnet_min,
+            subnet_max,
+            backend_type,
+            vni,
+            port,
+            ignored,
+        })
+    }
+
+    /// How many subnets lie between SubnetMin and SubnetMax.
+    pub fn subnet_count(&self) -> u64 {
+        (u32::from(self.subnet_max) as u64 - u32::from(self.subnet_min) as u64) / self.subnet_size()
+            + 1
+    }
+
+    pub fn subnet_size(&self) -> u64 {
+        1u64 << (32 - self.subnet_len as u32)
+    }
+
+    /// The subnets that may be handed out, in order.
+    pub fn subnets(&self) -> impl Iterator<Item = Ipv4Net> + '_ {
+        let size = self.subnet_size();
+        let min = u32::from(self.subnet_min) as u64;
+        (0..self.subnet_count()).map(move |i| {
+            Ipv4Net::containing(Ipv4Addr::from((min + i * size) as u32), self.subnet_len)
+        })
+    }
+
+    /// Whether `subnet` is one this config can hand out.
+    pub fn is_assignable(&self, subnet: &Ipv4Net) -> bool {
+        subnet.prefix_len() == self.subnet_len
+            && u32::from(subnet.addr()) >= u32::from(self.subnet_min)
+            && u32::from(subnet.addr()) <= u32::from(self.subnet_max)
+    }
+}
+
+fn get_str<'a>(
+    obj: &'a Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<&'a str>, ConfigError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(v) => Err(err(key, format!("must be a string, found {v}"))),
+    }
+}
+
+fn get_u64(obj: &Map<String, Value>, key: &'static str) -> Result<Option<u64>, ConfigError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| err(key, format!("must be a non-negative integer, found {n}"))),
+        Some(v) => Err(err(key, format!("must be a number, found {v}"))),
+    }
+}
+
+fn get_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, ConfigError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(err(key, format!("must be true or false, found {v}"))),
+    }
+}
+
+fn get_ip(obj: &Map<String, Value>, key: &'static str) -> Result<Option<Ipv4Addr>, ConfigError> {
+    match get_str(obj, key)? {
+        None => Ok(None),
+        Some(s) => s
+            .parse()
+            .map(Some)
+            .map_err(|_| err(key, format!("{s:?} is not an IPv4 address"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<NetworkConfig, ConfigError> {
+        NetworkConfig::parse(s.as_bytes())
+    }
+
+    #[test]
+    fn flannel_defaults() {
+        let c = parse(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap();
+        assert_eq!(c.subnet_len, 24);
+        assert_eq!(
+            c.subnet_min,
+            Ipv4Addr::new(10, 244, 1, 0),
+            "the first subnet is skipped"
+        );
+        assert_eq!(c.subnet_max, Ipv4Addr::new(10, 244, 255, 0));
+        assert_eq!((c.vni, c.port), (1, 8472));
+        assert_eq!(c.subnet_count(), 255);
+        let subnets: Vec<_> = c.subnets().take(2).map(|s| s.to_string()).collect();
+        assert_eq!(subnets, ["10.244.1.0/24", "10.244.2.0/24"]);
+        assert_eq!(c.subnets().last().unwrap().to_string(), "10.244.255.0/24");
+    }
+
+    #[test]
+    fn small_networks_get_prefix_plus_two() {
+        let c = parse(r#"{"Network":"10.1.0.0/25","Backend":{"Type":"vxlan"}}"#).unwrap();
+        assert_eq!(c.subnet_len, 27);
+        assert_eq!(c.subnet_count(), 3);
+        let e = parse(r#"{"Network":"10.1.0.0/29","Backend":{"Type":"vxlan"}}"#).unwrap_err();
+        assert_eq!(e.field, "Network");
+    }
+
+    #[test]
+    fn explicit_settings_and_their_errors_name_the_field() {
+        let c = parse(
+            r#"{"Network":"10.5.0.0/16","SubnetLen":26,"SubnetMin":"10.5.8.0","SubnetMax":"10.5.9.192",
+                "Backend":{"Type":"vxlan","VNI":4097,"Port":4789}}"#,
+        )
+        .unwrap();
+        assert_eq!((c.subnet_len, c.vni, c.port), (26, 4097, 4789));
+        assert_eq!(c.subnet_count(), 8);
+
+        let cases = [
+            (r#"{"Backend":{"Type":"vxlan"}}"#, "Network"),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetLen":31,"Backend":{"Type":"vxlan"}}"#,
+                "SubnetLen",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetLen":17,"Backend":{"Type":"vxlan"}}"#,
+                "SubnetLen",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetLen":"24","Backend":{"Type":"vxlan"}}"#,
+                "SubnetLen",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMin":"10.6.0.0","Backend":{"Type":"vxlan"}}"#,
+                "SubnetMin",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.0.7","Backend":{"Type":"vxlan"}}"#,
+                "SubnetMin",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMax":"10.5.3.1","Backend":{"Type":"vxlan"}}"#,
+                "SubnetMax",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.9.0","SubnetMax":"10.5.3.0","Backend":{"Type":"vxlan"}}"#,
+                "SubnetMin",
+            ),
+            (r#"{"Network":"10.5.0.0/16"}"#, "Backend.Type"),
+            (
+                r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#,
+                "Backend.Type",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","VNI":16777216}}"#,
+                "Backend.VNI",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","Port":70000}}"#,
+                "Backend.Port",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","GBP":true}}"#,
+                "Backend.GBP",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#,
+                "EnableIPv6",
+            ),
+            (
+                r#"{"Network":"10.5.1.0/16","Backend":{"Type":"vxlan"}}"#,
+                "Network",
+            ),
+            (r#"[1,2]"#, "(document)"),
+            (r#"{"Network": "#, "(document)"),
+        ];
+        for (json, field) in cases {
+            let e = parse(json).unwrap_err();
+            assert_eq!(e.field, field, "{json}: {e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("network config: {field}: "))
+            );
+        }
+    }
+
+    #[test]
+    fn unsupported_backend_options_are_reported_not_fatal() {
+        let c =
+            parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"VXLAN","DirectRouting":true}}"#)
+                .unwrap();
+        assert_eq!(c.ignored.len(), 1);
+        assert!(c.ignored[0].starts_with("Backend.DirectRouting=true"));
+    }
+}

@@ -1,0 +1,132 @@
+//! Keeping our etcd lease alive, and noticing when it is gone.
+//!
+//! Keep-alives go out every TTL/3 (at most every five minutes). A reply with
+//! TTL 0 means etcd has expired or revoked the lease: the subnet is no longer
+//! ours, and the agent must go back through the fenced acquisition path. A
+//! keep-alive that cannot reach etcd is retried; once renewal has failed for
+//! longer than TTL minus the renew margin, the agent warns that the lease is
+//! at risk.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::{
+    sync::mpsc,
+    time::{Instant, sleep, timeout},
+};
+
+use super::etcd::{EtcdStore, store_error};
+use crate::metrics::Metrics;
+
+/// Why the lease is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// etcd answered a keep-alive with TTL 0.
+    Expired,
+}
+
+pub struct KeeperConfig {
+    pub lease_id: i64,
+    pub ttl: Duration,
+    pub renew_margin: Duration,
+    pub request_timeout: Duration,
+}
+
+pub fn interval(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_millis(500), Duration::from_secs(300))
+}
+
+/// Runs until the lease is lost (reported on `lost`) or the task is aborted.
+pub async fn keep_alive(
+    store: EtcdStore,
+    cfg: KeeperConfig,
+    lost: mpsc::Sender<(i64, Loss)>,
+    metrics: Arc<Metrics>,
+) {
+    let every = interval(cfg.ttl);
+    let mut last_ok = Instant::now();
+    let mut warned = false;
+    let mut failures = 0u32;
+    loop {
+        let (mut keeper, mut stream) = match store.client().lease_keep_alive(cfg.lease_id).await {
+            Ok(ks) => ks,
+            Err(e) => {
+                metrics.inc_etcd_error();
+                failures += 1;
+                at_risk(&cfg, last_ok, &mut warned, &store_error(e).to_string());
+                sleep(retry(failures, every)).await;
+                continue;
+            }
+        };
+        loop {
+            if let Err(e) = keeper.keep_alive().await {
+                metrics.inc_etcd_error();
+                at_risk(&cfg, last_ok, &mut warned, &store_error(e).to_string());
+                break;
+            }
+            match timeout(cfg.request_timeout, stream.message()).await {
+                Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                    last_ok = Instant::now();
+                    failures = 0;
+                    if warned {
+                        tracing::info!(
+                            lease = format!("{:x}", cfg.lease_id),
+                            "lease renewal works again"
+                        );
+                        warned = false;
+                    }
+                    let expires = unix_now() + resp.ttl();
+                    metrics.set_lease(true, expires);
+                    sleep(every).await;
+                }
+                Ok(Ok(Some(_))) => {
+                    let _ = lost.send((cfg.lease_id, Loss::Expired)).await;
+                    return;
+                }
+                Ok(Ok(None)) => {
+                    at_risk(&cfg, last_ok, &mut warned, "keep-alive stream closed");
+                    break;
+                }
+                Ok(Err(e)) => {
+                    metrics.inc_etcd_error();
+                    at_risk(&cfg, last_ok, &mut warned, &store_error(e).to_string());
+                    break;
+                }
+                Err(_) => {
+                    metrics.inc_etcd_error();
+                    at_risk(&cfg, last_ok, &mut warned, "keep-alive timed out");
+                    break;
+                }
+            }
+        }
+        failures += 1;
+        sleep(retry(failures, every)).await;
+    }
+}
+
+fn retry(failures: u32, every: Duration) -> Duration {
+    Duration::from_millis((200u64 << failures.min(5)).min(5_000)).min(every)
+}
+
+fn at_risk(cfg: &KeeperConfig, last_ok: Instant, warned: &mut bool, why: &str) {
+    let since = last_ok.elapsed();
+    let budget = cfg.ttl.saturating_sub(cfg.renew_margin.min(cfg.ttl / 2));
+    if since >= budget && !*warned {
+        *warned = true;
+        tracing::warn!(
+            lease = format!("{:x}", cfg.lease_id),
+            unrenewed_for = ?since,
+            ttl = ?cfg.ttl,
+            error = why,
+            "subnet lease renewal keeps failing: the lease will expire unless etcd is reachable again"
+        );
+    } else {
+        tracing::debug!(error = why, "lease keep-alive failed; retrying");
+    }
+}
+
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}

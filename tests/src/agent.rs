@@ -1,0 +1,248 @@
+//! `weft` processes under test: started with arguments, logs to a file,
+//! stopped by pid.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::netns::Netns;
+
+/// The weft binary: `$WEFT_BIN` (set by `cargo xtask test`), else the debug build.
+pub fn weft_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("WEFT_BIN") {
+        return PathBuf::from(p);
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/weft");
+    assert!(
+        p.exists(),
+        "no weft binary at {}: run the tests through `cargo xtask test` or `cargo build -p weft` first",
+        p.display()
+    );
+    p
+}
+
+/// Runs `weft ARGS` to completion; returns (success, stdout, stderr).
+pub fn weft(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(weft_bin())
+        .args(args)
+        .output()
+        .expect("running weft");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub struct Agent {
+    child: Option<Child>,
+    pub name: String,
+    pub dir: PathBuf,
+    args: Vec<String>,
+    netns: Option<String>,
+}
+
+impl Agent {
+    /// Starts `weft agent ARGS` (inside `ns` if given). Its working files
+    /// (log, subnet file) live in a private temp directory.
+    pub fn start(name: &str, ns: Option<&Netns>, args: &[String]) -> Result<Self> {
+        let dir = std::env::temp_dir().join(crate::unique(&format!("weft-agent-{name}-")));
+        std::fs::create_dir_all(&dir)?;
+        let mut a = Self {
+            child: None,
+            name: name.to_string(),
+            dir,
+            args: args.to_vec(),
+            netns: ns.map(|n| n.name().to_string()),
+        };
+        a.spawn()?;
+        Ok(a)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(weft_bin());
+                c
+            }
+            None => Command::new(weft_bin()),
+        };
+        cmd.arg("agent").args(&self.args);
+        if !self.args.iter().any(|a| a == "--subnet-file") {
+            cmd.arg("--subnet-file").arg(self.subnet_file());
+        }
+        cmd.env("WEFT_LOG", "info,weft=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        self.child = Some(cmd.spawn().context("starting weft agent")?);
+        Ok(())
+    }
+
+    pub fn subnet_file(&self) -> PathBuf {
+        self.dir.join("subnet.env")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    fn signal(&self, sig: i32) {
+        if self.pid() > 0 {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(self.pid(), sig) };
+        }
+    }
+
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill(&mut self) {
+        self.signal(libc::SIGCONT);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, and wait for the exit.
+    pub fn stop(&mut self) -> Result<()> {
+        self.signal(libc::SIGTERM);
+        if let Some(mut c) = self.child.take() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(s) = c.try_wait()? {
+                    if !s.success() {
+                        bail!(
+                            "{} exited with {s} on SIGTERM; log:\n{}",
+                            self.name,
+                            self.log()
+                        );
+                    }
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    bail!("{} did not exit within 10 s of SIGTERM", self.name);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the same agent again (same arguments, same files).
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// Waits until the log contains `needle`.
+    pub fn wait_log(&self, needle: &str, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        bail!(
+            "{}: no {needle:?} in the log after {within:?}:\n{}",
+            self.name,
+            self.log()
+        )
+    }
+
+    /// Waits until the log contains `needle` at least `n` times.
+    pub fn wait_log_count(&self, needle: &str, n: usize, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.log().matches(needle).count() >= n {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        bail!(
+            "{}: fewer than {n} {needle:?} in the log after {within:?}:\n{}",
+            self.name,
+            self.log()
+        )
+    }
+
+    /// Waits until the subnet file names a subnet; returns it (FLANNEL_SUBNET).
+    pub fn wait_subnet(&self, within: Duration) -> Result<String> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(s) = self.subnet() {
+                return Ok(s);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        bail!(
+            "{}: no subnet file after {within:?}; log:\n{}",
+            self.name,
+            self.log()
+        )
+    }
+
+    /// FLANNEL_SUBNET from the subnet file, if written.
+    pub fn subnet(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.subnet_file()).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
+            .map(str::to_string)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("--- log of agent {} ---\n{}", self.name, self.log());
+        }
+    }
+}
+
+/// Polls `f` until it returns Some, or fails after `within` saying `what`.
+pub fn eventually<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {within:?} waiting for: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
