@@ -5,8 +5,11 @@
 //! addresses inside namespaces the test made, or to loopback.
 
 pub mod agent;
+pub mod bench;
+pub mod cluster;
 pub mod etcd;
 pub mod netns;
+pub mod overlay;
 pub mod pins;
 pub mod proc;
 

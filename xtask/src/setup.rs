@@ -20,6 +20,7 @@ const PACKAGES: &[&str] = &[
     "etcd-server",
     "etcd-client",
     "iproute2",
+    "iputils-ping",
     "procps",
     "iperf3",
     "sockperf",

@@ -271,15 +271,28 @@ impl Loaded {
 
 /// The pin of the link at `hook` on `iface`.
 pub fn link_pin_path(pins: &PinDir, hook: Hook, iface: &str, ifindex: u32) -> PathBuf {
-    pins.links()
-        .join(format!("{}-{iface}-{ifindex}", hook.pin_prefix()))
+    pins.links().join(format!(
+        "{}-{}-{ifindex}",
+        hook.pin_prefix(),
+        pin_safe(iface)
+    ))
+}
+
+/// bpffs refuses names with '.', which interface names may hold (weft.1);
+/// ':' can never appear in an interface name, so it stands in for it.
+fn pin_safe(iface: &str) -> String {
+    iface.replace('.', ":")
+}
+
+fn from_pin_safe(name: &str) -> String {
+    name.replace(':', ".")
 }
 
 /// Removes the pin of the link at `hook` on `iface`, detaching it, and waits
 /// until the kernel no longer runs the program there (releasing a link is
 /// asynchronous). Returns whether there was one.
 pub fn detach(pins: &PinDir, hook: Hook, iface: &str) -> Result<bool> {
-    let prefix = format!("{}-{iface}-", hook.pin_prefix());
+    let prefix = format!("{}-{}-", hook.pin_prefix(), pin_safe(iface));
     let mut found = false;
     let dir = pins.links();
     let entries = match std::fs::read_dir(&dir) {
@@ -371,7 +384,7 @@ pub fn pinned_links(pins: &PinDir) -> Result<Vec<(Hook, String, u32)>> {
                 && let Some((iface, idx)) = rest.rsplit_once('-')
                 && let Ok(idx) = idx.parse()
             {
-                out.push((hook, iface.to_string(), idx));
+                out.push((hook, from_pin_safe(iface), idx));
             }
         }
     }

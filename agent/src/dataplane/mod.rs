@@ -5,3 +5,5 @@ pub mod bpffs;
 pub mod loader;
 pub mod maps;
 pub mod netlink;
+pub mod overlay;
+pub mod sysctl;

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use anyhow::{Context as _, Result, anyhow, bail};
 use futures::TryStreamExt as _;
 use rtnetlink::{
-    Handle, LinkDummy, LinkUnspec, RouteMessageBuilder,
+    Handle, LinkUnspec, LinkVeth, RouteMessageBuilder,
     packet_route::{
         AddressFamily,
         address::{AddressAttribute, AddressMessage},
@@ -30,6 +30,8 @@ pub struct Link {
     pub mtu: u32,
     pub mac: [u8; 6],
     pub up: bool,
+    /// ARP enabled (IFF_NOARP clear).
+    pub arp: bool,
     /// "dummy", "veth", "vxlan", ... (None for physical devices).
     pub kind: Option<String>,
     /// The XDP program attached, and in which mode.
@@ -125,45 +127,72 @@ impl Netlink {
         Ok(msgs.iter().map(parse_link).collect())
     }
 
-    /// Creates (or converges) a dummy device `name` with `mac` and `mtu`, up.
-    /// Returns its index.
-    pub async fn ensure_dummy(&self, name: &str, mac: [u8; 6], mtu: u32) -> Result<u32> {
-        match self.link(name).await? {
-            Some(l) if l.kind.as_deref() == Some("dummy") => {
-                if l.mac != mac || l.mtu != mtu || !l.up {
-                    let msg = LinkUnspec::new_with_index(l.index)
-                        .address(mac.to_vec())
-                        .mtu(mtu)
-                        .up()
-                        .build();
-                    self.handle
-                        .link()
-                        .set(msg)
-                        .execute()
-                        .await
-                        .with_context(|| format!("updating device {name}"))?;
-                }
-                Ok(l.index)
-            }
+    /// Creates (or converges) the overlay device `name`: one end of a veth
+    /// pair (the other end, `peer`, only exists because a veth comes in
+    /// pairs; nothing is ever delivered to it), with ARP off, `mac` and
+    /// `mtu`, both ends up. Returns the device's index.
+    ///
+    /// A veth pair rather than a dummy device because every kernel with
+    /// network namespaces has veth, while dummy is optional (and missing on
+    /// some minimal kernels). The TC egress program redirects every IPv4
+    /// packet before the veth transmits it.
+    pub async fn ensure_overlay_device(
+        &self,
+        name: &str,
+        peer: &str,
+        mac: [u8; 6],
+        mtu: u32,
+    ) -> Result<u32> {
+        let link = match self.link(name).await? {
+            Some(l) if l.kind.as_deref() == Some("veth") => l,
             Some(l) => bail!(
-                "a device named {name} exists but is a {} device, not Weft's dummy overlay device; remove it or choose another VNI",
+                "a device named {name} exists but is a {} device, not Weft's overlay device; remove it",
                 l.kind.as_deref().unwrap_or("physical")
             ),
             None => {
-                let msg = LinkDummy::new(name)
-                    .address(mac.to_vec())
-                    .mtu(mtu)
-                    .up()
-                    .build();
+                let msg = LinkVeth::new(name, peer).build();
                 self.handle
                     .link()
                     .add(msg)
                     .execute()
                     .await
-                    .with_context(|| format!("creating the overlay device {name}"))?;
-                Ok(self.require_link(name).await?.index)
+                    .with_context(|| {
+                        format!("creating the overlay device {name} (veth, peer {peer})")
+                    })?;
+                self.require_link(name).await?
             }
+        };
+        let noarp = !link.arp;
+        if link.mac != mac || link.mtu != mtu || !link.up || !noarp {
+            let msg = LinkUnspec::new_with_index(link.index)
+                .address(mac.to_vec())
+                .mtu(mtu)
+                .arp(false)
+                .up()
+                .build();
+            self.handle
+                .link()
+                .set(msg)
+                .execute()
+                .await
+                .with_context(|| format!("configuring {name}"))?;
         }
+        if let Some(p) = self.link(peer).await?
+            && (p.mtu != mtu || !p.up || p.arp)
+        {
+            let msg = LinkUnspec::new_with_index(p.index)
+                .mtu(mtu)
+                .arp(false)
+                .up()
+                .build();
+            self.handle
+                .link()
+                .set(msg)
+                .execute()
+                .await
+                .with_context(|| format!("configuring {peer}"))?;
+        }
+        Ok(link.index)
     }
 
     pub async fn delete_link(&self, name: &str) -> Result<bool> {
@@ -354,6 +383,7 @@ fn parse_link(msg: &LinkMessage) -> Link {
         mtu: 0,
         mac: [0; 6],
         up: msg.header.flags.contains(LinkFlags::Up),
+        arp: !msg.header.flags.contains(LinkFlags::Noarp),
         kind: None,
         xdp: None,
     };

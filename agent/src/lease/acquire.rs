@@ -103,8 +103,10 @@ pub struct AcquireRequest<'a> {
 /// Lost races before giving up this round (the caller retries later).
 pub const MAX_ATTEMPTS: u32 = 10;
 
-/// How many of the first free subnets a new subnet is drawn from.
-const CANDIDATES: usize = 100;
+/// How many of the first free subnets a new subnet is drawn from (flannel
+/// draws from 100; a wider window halves lost races when many nodes start
+/// at once, see `cargo xtask bench leases`).
+const CANDIDATES: usize = 256;
 
 /// One key under the subnets prefix, parsed.
 #[derive(Clone, Debug)]

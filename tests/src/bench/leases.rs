@@ -1,0 +1,161 @@
+//! `cargo xtask bench leases`: N agents acquire at once against one local etcd.
+//!
+//! Each agent is a task with its own etcd connection running the real
+//! acquisition code (`weft::lease::acquire`), released together by a barrier.
+//! Reported: whether all subnets are distinct, wall time, etcd requests per
+//! acquisition (mean, max) and lost races.
+
+use std::{net::Ipv4Addr, sync::Arc, time::Instant};
+
+use anyhow::{Result, bail};
+use rand::SeedableRng as _;
+use weft::{
+    lease::{
+        acquire::{AcquireRequest, Identity, acquire},
+        attrs::LeaseAttrs,
+        config::NetworkConfig,
+        etcd::{EtcdOptions, EtcdStore},
+        store::Store as _,
+    },
+    mac::MacAddr,
+};
+
+use crate::etcd::Etcd;
+
+pub async fn run(args: &[String]) -> Result<()> {
+    let n: usize = super::flag(args, "--agents").unwrap_or(200);
+    let config_json = r#"{"Network":"10.0.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
+    let config = NetworkConfig::parse(config_json.as_bytes())?;
+    if config.subnet_count() < n as u64 {
+        bail!(
+            "{n} agents need more than {} subnets",
+            config.subnet_count()
+        );
+    }
+    let etcd = Etcd::start()?;
+    let mut c = etcd.client().await;
+    c.put("/coreos.com/network/config", config_json, None)
+        .await?;
+    let opts = EtcdOptions {
+        endpoints: vec![etcd.endpoint.clone()],
+        request_timeout: std::time::Duration::from_secs(10),
+        ..Default::default()
+    };
+
+    let barrier = Arc::new(tokio::sync::Barrier::new(n + 1));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let store = EtcdStore::connect(&opts).await?;
+        // Warm the connection so the measurement is the protocol, not TCP setup.
+        store.get("/coreos.com/network/config").await?;
+        let base = store.requests();
+        let barrier = barrier.clone();
+        let config = config.clone();
+        tasks.push(tokio::spawn(async move {
+            let me = Identity {
+                node_id: format!("bench-{i}"),
+                public_ip: Ipv4Addr::from(0xc612_0000u32 + i as u32 + 1),
+            };
+            let value = LeaseAttrs::vxlan(
+                me.public_ip,
+                1,
+                MacAddr::derived(me.node_id.as_bytes()),
+                &me.node_id,
+            );
+            let req = AcquireRequest {
+                subnets_prefix: "/coreos.com/network/subnets/",
+                config: &config,
+                me: &me,
+                value: &value,
+                ttl: 600,
+                preferred: None,
+                lease_id: None,
+            };
+            let mut rng = rand::rngs::StdRng::from_os_rng();
+            barrier.wait().await;
+            let t = Instant::now();
+            let mut rounds = 0;
+            let mut lease = None;
+            let mut retries = 0;
+            loop {
+                rounds += 1;
+                let req = AcquireRequest {
+                    lease_id: lease,
+                    ..req
+                };
+                let (r, stats, l) = acquire(&store, &req, &mut rng).await;
+                lease = l;
+                retries += stats.retries;
+                match r {
+                    Ok(h) => {
+                        return Ok::<_, anyhow::Error>((
+                            h.subnet,
+                            store.requests() - base,
+                            retries,
+                            t.elapsed(),
+                            rounds,
+                        ));
+                    }
+                    Err(e) if rounds < 5 => eprintln!("agent {i}: {e}; again"),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }));
+    }
+    barrier.wait().await;
+    let started = Instant::now();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await??);
+    }
+    let wall = started.elapsed();
+
+    let mut subnets: Vec<_> = results.iter().map(|r| r.0).collect();
+    subnets.sort();
+    subnets.dedup();
+    let listing = weft::lease::etcd::EtcdStore::connect(&opts)
+        .await?
+        .list("/coreos.com/network/subnets/")
+        .await?;
+    let distinct = subnets.len() == n && listing.kvs.len() == n;
+    let reqs: Vec<f64> = results.iter().map(|r| r.1 as f64).collect();
+    let mean = reqs.iter().sum::<f64>() / n as f64;
+    let max = reqs.iter().cloned().fold(0.0, f64::max);
+    let retries: u32 = results.iter().map(|r| r.2).sum();
+    let mut lat: Vec<f64> = results.iter().map(|r| r.3.as_secs_f64() * 1000.0).collect();
+    lat.sort_by(f64::total_cmp);
+
+    println!("lease acquisition: {n} agents at once, one local etcd (3.4), 255 subnets");
+    println!(
+        "  all distinct        {}",
+        if distinct { "yes" } else { "NO" }
+    );
+    println!("  keys in etcd        {}", listing.kvs.len());
+    println!(
+        "  wall time           {:.0} ms",
+        wall.as_secs_f64() * 1000.0
+    );
+    println!("  requests/acquire    mean {mean:.2}, max {max:.0}   (goal: mean <= 4)");
+    println!(
+        "  lost races          {retries} in total, {:.2} per agent",
+        retries as f64 / n as f64
+    );
+    println!(
+        "  latency             p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        super::percentile(&lat, 50.0),
+        super::percentile(&lat, 99.0),
+        lat.last().copied().unwrap_or_default()
+    );
+    if let Some(path) = super::flag::<String>(args, "--json") {
+        let j = serde_json::json!({
+            "agents": n, "distinct": distinct, "wall_ms": wall.as_secs_f64() * 1000.0,
+            "requests_mean": mean, "requests_max": max, "retries": retries,
+            "latency_p50_ms": super::percentile(&lat, 50.0), "latency_p99_ms": super::percentile(&lat, 99.0),
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&j)?)?;
+    }
+    if !distinct {
+        bail!("subnets were not distinct");
+    }
+    Ok(())
+}
