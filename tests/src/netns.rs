@@ -97,6 +97,20 @@ impl Netns {
         }
     }
 
+    /// Like [`Netns::run`], without waiting: the thread runs in the background.
+    pub fn spawn_thread<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let file = File::open(self.path()).expect("the namespace exists");
+        std::thread::spawn(move || {
+            // SAFETY: setns on a valid namespace fd, affecting this thread only.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+    }
+
     /// The value of a link statistic (e.g. `rx_packets`) of `iface`.
     pub fn link_stat(&self, iface: &str, stat: &str) -> Result<u64> {
         let path = format!("/sys/class/net/{iface}/statistics/{stat}");
