@@ -82,7 +82,8 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         "starting"
     );
 
-    let datapath = Datapath::new(&args, uplink.clone(), public_ip).await?;
+    let counters: crate::datapath::CountersSlot = Default::default();
+    let datapath = Datapath::new(&args, uplink.clone(), public_ip, counters.clone()).await?;
 
     if args.healthz_port != 0 {
         let addr = SocketAddr::new(args.healthz_ip, args.healthz_port);
@@ -90,13 +91,13 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
         let m = metrics.clone();
         let m2 = metrics.clone();
-        let counters = datapath.counters();
+        let counters = counters.clone();
         tokio::spawn(crate::http::serve(
             listener,
             Arc::new(move || m.ready()),
             Arc::new(move || {
                 let mut s = m2.render(keeper::unix_now());
-                if let Some(c) = &counters {
+                if let Some(c) = counters.get() {
                     s.push_str(&crate::datapath::render_counters(c));
                 }
                 s

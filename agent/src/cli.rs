@@ -42,8 +42,27 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// This node at a glance: own lease, peers, attach points, counters.
+    Status {
+        #[command(flatten)]
+        pins: PinArgs,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// The subnet file the agent writes.
+        #[arg(long, env = "FLANNELD_SUBNET_FILE", default_value = subnet_file::DEFAULT_PATH)]
+        subnet_file: PathBuf,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the dataplane's packet counters.
     Counters {
+        #[command(flatten)]
+        pins: PinArgs,
+    },
+    /// Remove everything Weft set up on this node: programs, pinned maps,
+    /// the overlay device and its routes. The lease in etcd is left alone.
+    Teardown {
         #[command(flatten)]
         pins: PinArgs,
     },

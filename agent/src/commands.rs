@@ -95,3 +95,35 @@ pub fn counters(pins: &PinArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// `weft teardown`.
+pub async fn teardown(pins: &PinArgs) -> Result<()> {
+    let dir = PinDir::new(&pins.bpffs_dir);
+    let vni = crate::dataplane::maps::PeerMaps::open(&dir)
+        .and_then(|m| m.config())
+        .map(|c| c.vni)
+        .ok();
+    let vnis: Vec<u32> = match vni {
+        Some(v) => vec![v],
+        None => {
+            // No pinned config: remove whatever overlay devices are there.
+            let nl = crate::dataplane::netlink::Netlink::new()?;
+            nl.links()
+                .await?
+                .iter()
+                .filter_map(|l| l.name.strip_prefix("weft.").and_then(|v| v.parse().ok()))
+                .collect()
+        }
+    };
+    let mut removed = Vec::new();
+    for vni in vnis.iter().copied().chain(vnis.is_empty().then_some(1)) {
+        removed.extend(crate::dataplane::overlay::teardown(&dir, vni).await?);
+    }
+    if removed.is_empty() {
+        println!("nothing to remove");
+    }
+    for r in removed {
+        println!("removed {r}");
+    }
+    Ok(())
+}

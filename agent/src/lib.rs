@@ -12,3 +12,4 @@ pub mod mac;
 pub mod metrics;
 pub mod node;
 pub mod peers;
+pub mod status;

@@ -21,6 +21,13 @@ fn main() -> ExitCode {
             Command::Agent(args) => weft::agent::run(*args).await,
             Command::Leases { etcd, json } => weft::commands::leases(&etcd, json).await,
             Command::Counters { pins } => weft::commands::counters(&pins),
+            Command::Status {
+                pins,
+                etcd,
+                subnet_file,
+                json,
+            } => weft::status::run(&pins, &etcd, &subnet_file, json).await,
+            Command::Teardown { pins } => weft::commands::teardown(&pins).await,
         }
     });
     match result {

@@ -13,6 +13,7 @@ pub mod overlay;
 pub mod pins;
 pub mod proc;
 pub mod traffic;
+pub mod weft_cluster;
 
 /// A name unique to this test process: `<prefix><pid%10000><n>`, short
 /// enough for an interface name (15 bytes) when the prefix is short.

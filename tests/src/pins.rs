@@ -10,8 +10,20 @@ pub struct TestPins {
 }
 
 impl TestPins {
-    /// A fresh directory under /tmp; the agent code mounts bpffs on it.
+    /// A fresh directory under /tmp with a bpffs mounted on it, in this
+    /// (the host's) mount namespace: agents started with `ip netns exec` get
+    /// a copy of the mount table, so they see the same bpffs, and their pins
+    /// outlive them as they would on a node.
     pub fn new() -> Self {
+        let t = Self::unmounted();
+        crate::proc::run("mount", &["-t", "bpf", "bpf", t.dir.to_str().unwrap()])
+            .expect("mounting bpffs");
+        t
+    }
+
+    /// A fresh, empty directory (no bpffs): for checking that the agent
+    /// mounts one itself.
+    pub fn unmounted() -> Self {
         let dir = std::env::temp_dir().join(crate::unique("weft-bpffs-"));
         std::fs::create_dir_all(&dir).expect("creating a temp dir");
         let pins = PinDir::new(&dir);

@@ -111,6 +111,17 @@ fn xdp_and_tc_programs_count_what_was_sent() {
                 &[XdpModeName::Native, XdpModeName::Generic],
             )?;
             let tc = loaded.attach_tc(program_names::ENCAP, "eth0", Hook::TcEgress)?;
+            // A configured dataplane with an empty peer table.
+            let mut maps = weft::dataplane::maps::PeerMaps::open(&p)?;
+            maps.set_config(&dataplane_common::DataplaneConfig {
+                vni: 1,
+                port: 8472,
+                local_addr_be: u32::from_ne_bytes(NODE_IP.parse::<std::net::Ipv4Addr>()?.octets()),
+                uplink_ifindex: weft::dataplane::loader::ifindex("eth0")?,
+                uplink_mtu: 1500,
+                flags: dataplane_common::CONFIG_F_READY,
+                ..Default::default()
+            })?;
             Ok((xdp, tc))
             // `loaded` drops here: only the pinned links keep the programs attached.
         })
@@ -187,4 +198,17 @@ fn xdp_and_tc_programs_count_what_was_sent() {
     send_udp(&node, NODE_IP, PEER_IP, 9996, 3);
     assert_eq!(rx.join().unwrap(), 3, "no TC program drops after detach");
     assert_eq!(counters.get(Reason::DropNoRoute).unwrap().packets, M as u64);
+}
+
+/// With nothing mounted at the pin directory, the agent mounts a bpffs there.
+#[test]
+fn the_pin_directory_gets_a_bpffs_when_it_has_none() {
+    require_root();
+    let t = TestPins::unmounted();
+    assert!(!weft::dataplane::bpffs::is_bpffs(t.path()).unwrap());
+    t.pins().ensure().unwrap();
+    assert!(weft::dataplane::bpffs::is_bpffs(t.path()).unwrap());
+    assert!(t.pins().maps().is_dir() && t.pins().links().is_dir());
+    // Idempotent.
+    t.pins().ensure().unwrap();
 }

@@ -2,6 +2,7 @@
 //! host configuration they rely on.
 
 pub mod bpffs;
+pub mod ethtool;
 pub mod loader;
 pub mod maps;
 pub mod netlink;

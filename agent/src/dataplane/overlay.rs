@@ -107,6 +107,16 @@ impl Overlay {
             .await?;
         host_sysctls(&spec.uplink)?;
 
+        if spec.decap != DecapMode::Tc {
+            match super::ethtool::ensure_gro(&spec.uplink) {
+                Ok(true) => tracing::info!(uplink = %spec.uplink, "turned GRO on for the uplink"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(uplink = %spec.uplink, error = %e, "cannot turn GRO on for the uplink")
+                }
+            }
+        }
+
         // Programs and maps.
         let adopting = spec.pins.has_pins();
         let attachments = {

@@ -15,6 +15,7 @@ fn main() {
     let r = rt.block_on(async {
         match which.as_str() {
             "leases" => weft_tests::bench::leases::run(rest).await,
+            "datapath" => weft_tests::bench::datapath::run(rest).await,
             other => Err(anyhow::anyhow!(
                 "unknown benchmark {other:?}: datapath, leases or control-plane"
             )),

@@ -1,0 +1,66 @@
+//! The one ethtool setting the datapath needs: GRO on the uplink.
+//!
+//! Decapsulated packets are handed to the stack by XDP (XDP_PASS); GRO then
+//! merges the inner TCP segments before they are routed to the pods. Physical
+//! NICs have GRO on by default; a veth uplink does not, and without it every
+//! decapsulated frame is routed on its own.
+
+use std::{ffi::CString, io};
+
+use anyhow::{Context as _, Result, bail};
+
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+const ETHTOOL_GGRO: u32 = 0x2b;
+const ETHTOOL_SGRO: u32 = 0x2c;
+
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+#[repr(C)]
+struct IfReq {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    data: *mut EthtoolValue,
+    _pad: [u8; 16],
+}
+
+fn ioctl(iface: &str, cmd: u32, data: u32) -> Result<u32> {
+    let name = CString::new(iface)?;
+    if name.as_bytes().len() >= libc::IFNAMSIZ {
+        bail!("interface name {iface:?} is too long");
+    }
+    let mut value = EthtoolValue { cmd, data };
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        data: &mut value,
+        _pad: [0; 16],
+    };
+    for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: a datagram socket for the ioctl, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error()).context("socket for ethtool");
+    }
+    // SAFETY: SIOCETHTOOL with a valid ifreq pointing at a valid ethtool_value.
+    let rc = unsafe { libc::ioctl(fd, SIOCETHTOOL as _, &mut req as *mut IfReq) };
+    let err = io::Error::last_os_error();
+    // SAFETY: closing the fd we opened.
+    unsafe { libc::close(fd) };
+    if rc < 0 {
+        return Err(err).with_context(|| format!("ethtool on {iface}"));
+    }
+    Ok(value.data)
+}
+
+/// Turns GRO on for `iface`; returns whether it was off.
+pub fn ensure_gro(iface: &str) -> Result<bool> {
+    if ioctl(iface, ETHTOOL_GGRO, 0)? != 0 {
+        return Ok(false);
+    }
+    ioctl(iface, ETHTOOL_SGRO, 1)?;
+    Ok(true)
+}
