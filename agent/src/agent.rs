@@ -168,7 +168,16 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         tokio::select! {
             ev = watch_rx.recv() => {
                 let Some(ev) = ev else { break };
-                agent.on_lease_event(ev).await?;
+                // Take whatever else is already queued, and apply it as one
+                // batch (thousands of leases arrive together at start).
+                let mut batch = vec![ev];
+                while batch.len() < 4096 {
+                    match watch_rx.try_recv() {
+                        Ok(ev) => batch.push(ev),
+                        Err(_) => break,
+                    }
+                }
+                agent.on_lease_events(batch).await?;
             }
             Some((lease_id, loss)) = lost_rx.recv() => {
                 if lease_id == agent.held.lease_id {
@@ -342,50 +351,59 @@ impl Agent {
         Ok(())
     }
 
-    async fn on_lease_event(&mut self, ev: LeaseEvent) -> Result<()> {
-        // Events about our own key are about our lease, never about a peer.
-        let own = match &ev {
-            LeaseEvent::Added(l) | LeaseEvent::Changed { new: l, .. } if l.key == self.held.key => {
-                Some(Some(l))
+    async fn on_lease_events(&mut self, events: Vec<LeaseEvent>) -> Result<()> {
+        let mut updates = Vec::new();
+        for ev in events {
+            // Events about our own key are about our lease, never a peer.
+            let own = match &ev {
+                LeaseEvent::Added(l) | LeaseEvent::Changed { new: l, .. }
+                    if l.key == self.held.key =>
+                {
+                    Some(Some(l))
+                }
+                LeaseEvent::Removed(l) if l.key == self.held.key => Some(None),
+                _ => None,
+            };
+            if let Some(now) = own {
+                let still_ours = now.is_some_and(|l| {
+                    l.create_revision == self.held.create_revision
+                        && l.lease_id == self.held.lease_id
+                        && l.attrs.names(&self.me.node_id, self.me.public_ip)
+                });
+                if !still_ours {
+                    let why = match now {
+                        None => "our key was deleted".to_string(),
+                        Some(l) => format!(
+                            "our key now belongs to {} (node {:?}, lease {:x})",
+                            l.attrs.public_ip, l.attrs.node_id, l.lease_id
+                        ),
+                    };
+                    self.apply_updates(std::mem::take(&mut updates)).await?;
+                    self.lost(&why).await?;
+                }
+                continue;
             }
-            LeaseEvent::Removed(l) if l.key == self.held.key => Some(None),
-            _ => None,
-        };
-        if let Some(now) = own {
-            let still_ours = now.is_some_and(|l| {
-                l.create_revision == self.held.create_revision
-                    && l.lease_id == self.held.lease_id
-                    && l.attrs.names(&self.me.node_id, self.me.public_ip)
-            });
-            if !still_ours {
-                let why = match now {
-                    None => "our key was deleted".to_string(),
-                    Some(l) => format!(
-                        "our key now belongs to {} (node {:?}, lease {:x})",
-                        l.attrs.public_ip, l.attrs.node_id, l.lease_id
-                    ),
-                };
-                return self.lost(&why).await;
+            if let LeaseEvent::Synced { revision } = ev {
+                self.apply_updates(std::mem::take(&mut updates)).await?;
+                self.datapath.synced(revision).await?;
+                self.metrics.set_peers(self.datapath.peer_count() as u64);
+                self.metrics.set_ready(self.metrics.lease_held());
+                continue;
             }
-            return Ok(());
+            let me = Me {
+                key: &self.held.key,
+                public_ip: self.me.public_ip,
+            };
+            updates.extend(peers::updates(&ev, &me));
         }
-        if let LeaseEvent::Synced { revision } = ev {
-            self.datapath.synced(revision).await?;
-            self.metrics.set_peers(self.datapath.peer_count() as u64);
-            self.metrics.set_ready(self.metrics.lease_held());
-            return Ok(());
-        }
-        let me = Me {
-            key: &self.held.key,
-            public_ip: self.me.public_ip,
-        };
-        let updates = peers::updates(&ev, &me);
+        self.apply_updates(updates).await
+    }
+
+    async fn apply_updates(&mut self, updates: Vec<crate::peers::PeerUpdate>) -> Result<()> {
         if updates.is_empty() {
             return Ok(());
         }
-        for u in &updates {
-            self.datapath.apply(u).await?;
-        }
+        self.datapath.apply(&updates).await?;
         self.metrics.inc_lease_changes_applied(updates.len() as u64);
         self.metrics.set_peers(self.datapath.peer_count() as u64);
         Ok(())

@@ -124,21 +124,26 @@ impl Datapath {
         }
     }
 
-    pub async fn apply(&mut self, u: &PeerUpdate) -> Result<()> {
-        match u {
-            PeerUpdate::Upsert(p) => {
-                tracing::info!(subnet = %p.subnet, vtep = %p.vtep, mac = %p.mac, "peer")
+    /// Applies a batch of peer updates, in order.
+    pub async fn apply(&mut self, updates: &[PeerUpdate]) -> Result<()> {
+        for u in updates {
+            match u {
+                PeerUpdate::Upsert(p) => {
+                    tracing::debug!(subnet = %p.subnet, vtep = %p.vtep, mac = %p.mac, "peer")
+                }
+                PeerUpdate::Remove(s) => tracing::debug!(subnet = %s, "peer removed"),
             }
-            PeerUpdate::Remove(s) => tracing::info!(subnet = %s, "peer removed"),
         }
         match self {
             Datapath::None { peers } => {
-                match u {
-                    PeerUpdate::Upsert(p) => {
-                        peers.insert(p.subnet, *p);
-                    }
-                    PeerUpdate::Remove(s) => {
-                        peers.remove(s);
+                for u in updates {
+                    match u {
+                        PeerUpdate::Upsert(p) => {
+                            peers.insert(p.subnet, *p);
+                        }
+                        PeerUpdate::Remove(s) => {
+                            peers.remove(s);
+                        }
                     }
                 }
                 Ok(())
@@ -147,21 +152,13 @@ impl Datapath {
                 let Some(o) = e.overlay.as_mut() else {
                     anyhow::bail!("peer update before the dataplane is up");
                 };
-                match u {
-                    PeerUpdate::Upsert(p) => {
-                        e.seen.insert(p.subnet);
-                        if let Err(err) = o.upsert(*p).await {
-                            // One bad lease (say, overlapping our subnet) must
-                            // not stop the others.
-                            tracing::error!(subnet = %p.subnet, error = %format!("{err:#}"), "cannot program peer");
-                        }
-                        Ok(())
-                    }
-                    PeerUpdate::Remove(s) => {
-                        e.seen.remove(s);
-                        o.remove(*s).await
-                    }
+                for u in updates {
+                    match u {
+                        PeerUpdate::Upsert(p) => e.seen.insert(p.subnet),
+                        PeerUpdate::Remove(s) => e.seen.remove(s),
+                    };
                 }
+                o.apply_batch(updates).await
             }
         }
     }

@@ -70,6 +70,8 @@ impl Netns {
             .command(program)
             .args(args)
             .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {program} in {}", self.name))?;
         Ok(ChildGuard(Some(child)))

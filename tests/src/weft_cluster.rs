@@ -30,11 +30,15 @@ pub struct WeftCluster {
 
 impl WeftCluster {
     pub fn new(n: u8, extra: &[&str]) -> Result<Self> {
+        Self::with_config(n, CONFIG, extra)
+    }
+
+    pub fn with_config(n: u8, config: &str, extra: &[&str]) -> Result<Self> {
         crate::require_root();
         let underlay = Underlay::new()?;
         underlay.host_addr(ETCD_IP)?;
         let etcd = Etcd::start_in(&underlay.ns, ETCD_IP)?;
-        etcd.etcdctl(&["put", &format!("{PREFIX}/config"), CONFIG])?;
+        etcd.etcdctl(&["put", &format!("{PREFIX}/config"), config])?;
         let mut c = Self {
             nodes: Vec::new(),
             etcd,

@@ -104,6 +104,20 @@ impl PeerMaps {
         Ok(out)
     }
 
+    /// The peer of exactly `subnet`, if programmed.
+    pub fn get(&self, subnet: &Ipv4Net) -> Result<Option<Peer>> {
+        let key = Key::new(subnet.prefix_len() as u32, be(subnet.addr()));
+        match self.peers.get(&key, 0) {
+            Ok(v) => Ok(Some(Peer {
+                subnet: *subnet,
+                vtep: from_be(v.addr_be),
+                mac: MacAddr(v.mac),
+            })),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub fn vteps(&self) -> Result<HashMap<Ipv4Addr, u32>> {
         let mut out = HashMap::new();
         for item in self.vteps.iter() {

@@ -306,21 +306,22 @@ impl Netlink {
             .with_context(|| format!("installing the route to {}/{}", route.dst, route.prefix_len))
     }
 
+    /// Deletes a route (a route that is already gone is not an error).
     pub async fn del_route(&self, route: &Route) -> Result<()> {
-        let msgs = self.route_messages().await?;
-        for m in msgs {
-            if parse_route(&m).as_ref() == Some(route) {
-                self.handle
-                    .route()
-                    .del(m)
-                    .execute()
-                    .await
-                    .with_context(|| {
-                        format!("removing the route to {}/{}", route.dst, route.prefix_len)
-                    })?;
-            }
+        let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(route.dst, route.prefix_len)
+            .output_interface(route.oif)
+            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL));
+        if let Some(gw) = route.gateway {
+            b = b.gateway(gw);
         }
-        Ok(())
+        match self.handle.route().del(b.build()).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+            Err(e) => Err(e).with_context(|| {
+                format!("removing the route to {}/{}", route.dst, route.prefix_len)
+            }),
+        }
     }
 
     /// The device of the IPv4 default route, if any.

@@ -21,6 +21,7 @@ use std::{collections::HashMap, net::Ipv4Addr, sync::Arc};
 
 use anyhow::{Context as _, Result, bail};
 use dataplane_common::{CONFIG_F_READY, DataplaneConfig, VXLAN_OVERHEAD, program_names};
+use futures::{StreamExt as _, TryStreamExt as _};
 
 use super::{
     bpffs::PinDir,
@@ -29,7 +30,11 @@ use super::{
     netlink::{Link, Netlink, Route},
     sysctl,
 };
-use crate::{lease::subnet::Ipv4Net, mac::MacAddr, peers::Peer};
+use crate::{
+    lease::subnet::Ipv4Net,
+    mac::MacAddr,
+    peers::{Peer, PeerUpdate},
+};
 
 /// Where decapsulation runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,6 +236,41 @@ impl Overlay {
                 .await?;
         }
         self.peers.insert(p.subnet, p);
+        Ok(())
+    }
+
+    /// Applies many updates at once: map entries one by one, in order, and
+    /// the routes of new peers concurrently (the slow part when thousands
+    /// of leases arrive together).
+    pub async fn apply_batch(&mut self, updates: &[PeerUpdate]) -> Result<()> {
+        let mut new_routes: HashMap<Ipv4Net, Route> = HashMap::new();
+        for u in updates {
+            match u {
+                PeerUpdate::Upsert(p) => {
+                    if p.subnet.overlaps(&self.spec.subnet) {
+                        tracing::error!(subnet = %p.subnet, vtep = %p.vtep, "refusing a peer that overlaps this node's own subnet");
+                        continue;
+                    }
+                    let old = self.peers.get(&p.subnet).copied();
+                    self.maps.upsert(p, old.as_ref())?;
+                    if old.is_none() {
+                        new_routes.insert(p.subnet, route_for(p, self.device_index));
+                    }
+                    self.peers.insert(p.subnet, *p);
+                }
+                PeerUpdate::Remove(s) => {
+                    new_routes.remove(s);
+                    self.remove(*s).await?;
+                }
+            }
+        }
+        let src = self.spec.subnet.addr();
+        let nl = &self.nl;
+        futures::stream::iter(new_routes.values())
+            .map(|r| nl.replace_route(r, Some(src)))
+            .buffer_unordered(64)
+            .try_collect::<Vec<()>>()
+            .await?;
         Ok(())
     }
 

@@ -8,7 +8,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 use thiserror::Error;
 
 use crate::mac::MacAddr;
@@ -18,8 +18,10 @@ pub struct LeaseAttrs {
     pub public_ip: Ipv4Addr,
     pub public_ipv6: Option<Ipv6Addr>,
     pub backend_type: String,
-    pub backend_data: Option<Value>,
-    pub backend_v6_data: Option<Value>,
+    /// Kept as the JSON text it was written as (compact, and written back
+    /// unchanged).
+    pub backend_data: Option<RawJson>,
+    pub backend_v6_data: Option<RawJson>,
     /// The node that holds the lease; None in leases written by flannel.
     pub node_id: Option<String>,
 }
@@ -47,6 +49,31 @@ pub enum AttrsError {
     VxlanData(String),
 }
 
+/// A JSON value kept as its text.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RawJson(Box<RawValue>);
+
+impl RawJson {
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl Clone for RawJson {
+    fn clone(&self) -> Self {
+        RawJson(self.0.to_owned())
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl Eq for RawJson {}
+
 #[derive(Serialize, Deserialize)]
 struct Wire {
     #[serde(rename = "PublicIP")]
@@ -64,13 +91,13 @@ struct Wire {
         default,
         skip_serializing_if = "Option::is_none"
     )]
-    backend_data: Option<Value>,
+    backend_data: Option<RawJson>,
     #[serde(
         rename = "BackendV6Data",
         default,
         skip_serializing_if = "Option::is_none"
     )]
-    backend_v6_data: Option<Value>,
+    backend_v6_data: Option<RawJson>,
     #[serde(
         rename = "WeftNodeID",
         default,
@@ -86,9 +113,10 @@ impl LeaseAttrs {
             public_ip,
             public_ipv6: None,
             backend_type: "vxlan".into(),
-            backend_data: Some(
-                serde_json::to_value(VxlanData { vni, vtep_mac }).expect("plain struct serializes"),
-            ),
+            backend_data: Some(RawJson(
+                serde_json::value::to_raw_value(&VxlanData { vni, vtep_mac })
+                    .expect("plain struct serializes"),
+            )),
             backend_v6_data: None,
             node_id: Some(node_id.to_string()),
         }
@@ -134,9 +162,9 @@ impl LeaseAttrs {
         }
         let data = self
             .backend_data
-            .clone()
+            .as_ref()
             .ok_or_else(|| AttrsError::VxlanData("BackendData is missing".into()))?;
-        serde_json::from_value(data).map_err(|e| AttrsError::VxlanData(e.to_string()))
+        serde_json::from_str(data.get()).map_err(|e| AttrsError::VxlanData(e.to_string()))
     }
 
     /// Whether this value names `node_id` at `public_ip`.

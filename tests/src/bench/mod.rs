@@ -1,6 +1,7 @@
 //! Benchmarks behind `cargo xtask bench`. Each measures Weft side by side
 //! with its baseline in one run and reports ratios; none of them is a test.
 
+pub mod control_plane;
 pub mod datapath;
 pub mod leases;
 

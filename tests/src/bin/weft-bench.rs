@@ -16,6 +16,7 @@ fn main() {
         match which.as_str() {
             "leases" => weft_tests::bench::leases::run(rest).await,
             "datapath" => weft_tests::bench::datapath::run(rest).await,
+            "control-plane" => weft_tests::bench::control_plane::run(rest).await,
             other => Err(anyhow::anyhow!(
                 "unknown benchmark {other:?}: datapath, leases or control-plane"
             )),

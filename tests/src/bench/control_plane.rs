@@ -1,0 +1,177 @@
+//! `cargo xtask bench control-plane [--changes N] [--leases N] [--json FILE]`
+//!
+//! Three real agents (eBPF datapath) in namespaces, one etcd.
+//! - Propagation: a lease is added, changed (new PublicIP and VtepMAC) and
+//!   removed in etcd, N times; each time, the latency until every agent's
+//!   pinned peer map shows it. p50/p99/max.
+//! - Scale: 5000 leases written at once; the time until one agent's map
+//!   holds all of them; that agent's RSS with 5000 peers.
+//!
+//! Goals: p99 < 50 ms, 5000 leases < 1 s, RSS < 20 MiB.
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use etcd_client::{Client, Txn, TxnOp};
+use serde_json::json;
+use weft::{dataplane::maps::PeerMaps, lease::subnet::Ipv4Net};
+
+use crate::weft_cluster::{ETCD_IP, PREFIX, WeftCluster};
+
+const CONFIG: &str = r#"{"Network":"10.0.0.0/8","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
+
+fn lease_json(ip: Ipv4Addr, mac_last: u16) -> String {
+    format!(
+        r#"{{"PublicIP":"{ip}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"02:bb:00:00:{:02x}:{:02x}"}}}}"#,
+        mac_last >> 8,
+        mac_last & 0xff
+    )
+}
+
+fn subnet(k: u32) -> Ipv4Net {
+    Ipv4Net::containing(Ipv4Addr::from(0x0a80_0000 + (k << 8)), 24)
+}
+
+/// Polls until `pred` holds for every map, returns the elapsed time since `t0`.
+fn wait_all(
+    maps: &[PeerMaps],
+    t0: Instant,
+    limit: Duration,
+    pred: impl Fn(&PeerMaps) -> bool,
+) -> Result<Duration> {
+    loop {
+        if maps.iter().all(&pred) {
+            return Ok(t0.elapsed());
+        }
+        if t0.elapsed() > limit {
+            bail!("not propagated within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+pub async fn run(args: &[String]) -> Result<()> {
+    let changes: u32 = super::flag(args, "--changes").unwrap_or(100);
+    let n_leases: u32 = super::flag(args, "--leases").unwrap_or(5000);
+    let c = tokio::task::block_in_place(|| {
+        WeftCluster::with_config(3, CONFIG, &["--log-level", "info"])
+    })?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.nodes.iter().all(|n| n.peer_subnets().len() == 2) {
+        if Instant::now() > deadline {
+            bail!("agents did not program each other");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pins: Vec<_> = c.nodes.iter().map(|n| n.pins.pins().clone()).collect();
+    let agent_pid = c.nodes[0].agent.pid();
+
+    // Everything talking to etcd runs inside the underlay namespace.
+    let result = c
+        .underlay
+        .ns
+        .run(move || -> Result<(Vec<f64>, f64, f64, usize)> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let mut client: Client =
+                rt.block_on(Client::connect([format!("http://{ETCD_IP}:2379")], None))?;
+            let maps: Vec<PeerMaps> = pins.iter().map(PeerMaps::open).collect::<Result<_>>()?;
+            let limit = Duration::from_secs(5);
+            let mut lat = Vec::new();
+            for k in 0..changes {
+                let s = subnet(k);
+                let key = format!("{PREFIX}/subnets/{}", s.to_key());
+                let ip1 = Ipv4Addr::new(198, 19, (k >> 8) as u8, k as u8);
+                let ip2 = Ipv4Addr::new(198, 20, (k >> 8) as u8, k as u8);
+                // Added.
+                let t0 = Instant::now();
+                rt.block_on(client.put(key.as_str(), lease_json(ip1, k as u16), None))?;
+                lat.push(wait_all(&maps, t0, limit, |m| {
+                    m.get(&s).ok().flatten().is_some_and(|p| p.vtep == ip1)
+                })?);
+                // Changed: new PublicIP and VtepMAC.
+                let t0 = Instant::now();
+                rt.block_on(client.put(key.as_str(), lease_json(ip2, k as u16 + 1), None))?;
+                lat.push(wait_all(&maps, t0, limit, |m| {
+                    m.get(&s).ok().flatten().is_some_and(|p| p.vtep == ip2)
+                })?);
+                // Removed.
+                let t0 = Instant::now();
+                rt.block_on(client.delete(key.as_str(), None))?;
+                lat.push(wait_all(&maps, t0, limit, |m| {
+                    m.get(&s).ok().flatten().is_none()
+                })?);
+            }
+            let lat: Vec<f64> = lat.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+
+            // Scale: n_leases at once, in transactions of 128 puts.
+            let t0 = Instant::now();
+            let all: Vec<u32> = (10_000..10_000 + n_leases).collect();
+            for chunk in all.chunks(128) {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|k| {
+                        let s = subnet(*k);
+                        let ip = Ipv4Addr::from(0xc615_0000u32 + *k);
+                        TxnOp::put(
+                            format!("{PREFIX}/subnets/{}", s.to_key()),
+                            lease_json(ip, *k as u16),
+                            None,
+                        )
+                    })
+                    .collect();
+                rt.block_on(client.txn(Txn::new().and_then(ops)))?;
+            }
+            let wrote = t0.elapsed().as_secs_f64();
+            let want = n_leases as usize + 2;
+            let took = loop {
+                let n = maps[0].peers()?.len();
+                if n >= want {
+                    break t0.elapsed().as_secs_f64();
+                }
+                if t0.elapsed() > Duration::from_secs(60) {
+                    bail!("only {n} of {want} peers after 60 s");
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            };
+            Ok((lat, wrote, took, want))
+        })??;
+    let (mut lat, wrote, took, want) = result;
+    // Let the other agents finish too, then measure memory.
+    std::thread::sleep(Duration::from_millis(500));
+    let rss_kib = std::fs::read_to_string(format!("/proc/{agent_pid}/status"))?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .context("VmRSS")?;
+    lat.sort_by(f64::total_cmp);
+    let p50 = super::percentile(&lat, 50.0);
+    let p99 = super::percentile(&lat, 99.0);
+    let max = lat.last().copied().unwrap_or_default();
+    println!("control plane: 3 agents (eBPF datapath), one etcd");
+    println!(
+        "  lease change -> every agent's map   p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms over {} changes (add, change, remove)   goal p99 < 50 ms",
+        lat.len()
+    );
+    println!(
+        "  {n_leases} leases written ({wrote:.2} s to write) -> all {want} peers in one agent's map after {took:.2} s   goal < 1 s"
+    );
+    println!(
+        "  agent RSS with {want} peers: {:.1} MiB   goal < 20 MiB",
+        rss_kib / 1024.0
+    );
+    if let Some(path) = super::flag::<String>(args, "--json") {
+        let doc = json!({
+            "changes": lat.len(), "change_p50_ms": p50, "change_p99_ms": p99, "change_max_ms": max,
+            "leases": n_leases, "leases_write_s": wrote, "leases_programmed_s": took,
+            "rss_mib": rss_kib / 1024.0,
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    }
+    drop(c);
+    Ok(())
+}
