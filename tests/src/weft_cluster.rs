@@ -20,6 +20,8 @@ pub struct WeftNode {
     pub agent: Agent,
     pub pins: TestPins,
     pub subnet: Ipv4Net,
+    /// When the agent's subnet file appeared (its lease was acquired).
+    pub acquired_at: std::time::Instant,
 }
 
 pub struct WeftCluster {
@@ -72,6 +74,7 @@ impl WeftCluster {
         args.extend(extra.iter().map(|s| s.to_string()));
         let agent = Agent::start(&format!("node{i}"), Some(&node.ns), &args)?;
         let line = agent.wait_subnet(Duration::from_secs(30))?;
+        let acquired_at = std::time::Instant::now();
         let (ip, len) = line.split_once('/').context("FLANNEL_SUBNET")?;
         let ip: Ipv4Addr = ip.parse()?;
         let len: u8 = len.parse()?;
@@ -83,6 +86,7 @@ impl WeftCluster {
             agent,
             pins,
             subnet,
+            acquired_at,
         });
         Ok(self.nodes.last().unwrap())
     }
