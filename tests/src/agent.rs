@@ -50,8 +50,28 @@ impl Agent {
     /// Starts `weft agent ARGS` (inside `ns` if given). Its working files
     /// (log, subnet file) live in a private temp directory.
     pub fn start(name: &str, ns: Option<&Netns>, args: &[String]) -> Result<Self> {
+        Self::start_seeded(name, ns, args, None)
+    }
+
+    /// Like [`Agent::start`], with a subnet file already in place naming
+    /// `subnet` (FLANNEL_SUBNET form, e.g. 10.5.3.1/24): a stale or copied
+    /// file, as a restarted or cloned machine has.
+    pub fn start_seeded(
+        name: &str,
+        ns: Option<&Netns>,
+        args: &[String],
+        subnet: Option<&str>,
+    ) -> Result<Self> {
         let dir = std::env::temp_dir().join(crate::unique(&format!("weft-agent-{name}-")));
         std::fs::create_dir_all(&dir)?;
+        if let Some(s) = subnet {
+            std::fs::write(
+                dir.join("subnet.env"),
+                format!(
+                    "FLANNEL_NETWORK=10.0.0.0/8\nFLANNEL_SUBNET={s}\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n"
+                ),
+            )?;
+        }
         let mut a = Self {
             child: None,
             name: name.to_string(),
@@ -192,6 +212,22 @@ impl Agent {
         }
         bail!(
             "{}: fewer than {n} {needle:?} in the log after {within:?}:\n{}",
+            self.name,
+            self.log()
+        )
+    }
+
+    /// Waits until the subnet file names a subnet other than `old`.
+    pub fn wait_subnet_change(&self, old: &str, within: Duration) -> Result<String> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(s) = self.subnet().filter(|s| s != old) {
+                return Ok(s);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        bail!(
+            "{}: subnet file still names {old} after {within:?}; log:\n{}",
             self.name,
             self.log()
         )

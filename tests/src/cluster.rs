@@ -150,3 +150,83 @@ pub fn ping(from: &Netns, to: Ipv4Addr, count: u32) -> bool {
     )
     .is_ok()
 }
+
+/// Sets `node` up exactly as flannel's vxlan backend sets up a node:
+/// `flannel.1` (VNI 1, port 8472, no learning, MTU 1450) holding
+/// `<subnet>.0/32`, forwarding on. Returns flannel.1's MAC (its VtepMAC).
+pub fn flannel_device(node: &Node, subnet: crate::overlay::Subnet) -> Result<weft::mac::MacAddr> {
+    let ns = &node.ns;
+    let ip = node.ip.to_string();
+    ns.ip(&[
+        "link",
+        "add",
+        "flannel.1",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "local",
+        &ip,
+        "dev",
+        "eth0",
+        "dstport",
+        "8472",
+        "nolearning",
+    ])?;
+    ns.ip(&["link", "set", "flannel.1", "mtu", "1450", "up"])?;
+    ns.ip(&[
+        "addr",
+        "add",
+        &format!("{}/32", subnet.addr()),
+        "dev",
+        "flannel.1",
+    ])?;
+    ns.sysctl("net.ipv4.ip_forward", "1")?;
+    Ok(mac(ns, "flannel.1")?.parse()?)
+}
+
+/// flannel's entries for one remote lease: neighbour `<subnet>.0 -> VtepMAC`,
+/// FDB `VtepMAC -> PublicIP`, route `<subnet> via <subnet>.0 onlink`.
+pub fn flannel_peer(
+    node: &Node,
+    subnet: crate::overlay::Subnet,
+    public_ip: Ipv4Addr,
+    vtep_mac: weft::mac::MacAddr,
+) -> Result<()> {
+    let ns = &node.ns;
+    let (m, gw) = (vtep_mac.to_string(), subnet.addr().to_string());
+    ns.ip(&[
+        "neigh",
+        "replace",
+        &gw,
+        "lladdr",
+        &m,
+        "dev",
+        "flannel.1",
+        "nud",
+        "permanent",
+    ])?;
+    ns.exec(
+        "bridge",
+        &[
+            "fdb",
+            "append",
+            &m,
+            "dev",
+            "flannel.1",
+            "dst",
+            &public_ip.to_string(),
+        ],
+    )?;
+    ns.ip(&[
+        "route",
+        "replace",
+        &subnet.to_string(),
+        "via",
+        &gw,
+        "dev",
+        "flannel.1",
+        "onlink",
+    ])?;
+    Ok(())
+}

@@ -16,6 +16,8 @@ use weft::{
 
 use crate::cluster::Node;
 
+pub type Subnet = Ipv4Net;
+
 /// The VTEP MAC a test gives node `i`.
 pub fn vtep_mac(i: u8) -> MacAddr {
     MacAddr([0x02, 0xee, 0, 0, 0, i])

@@ -5,7 +5,7 @@
 use dataplane_common::Reason;
 use weft::dataplane::{maps::Counters, overlay::DecapMode};
 use weft_tests::{
-    cluster::{Node, Underlay, ping},
+    cluster::{Node, Underlay, flannel_device, flannel_peer, ping},
     overlay::{install, peer, pod_ip, spec, subnet_of},
     pins::TestPins,
     require_root,
@@ -327,87 +327,6 @@ fn oversized_packets_get_icmp_or_a_counted_drop() {
     );
 }
 
-/// Configures `node` exactly as flannel's vxlan backend configures a node:
-/// `flannel.1` (VNI 1, port 8472, no learning, MTU uplink - 50) holding
-/// `<subnet>.0/32`, and per remote lease a neighbour entry, an FDB entry and
-/// an onlink route. Returns flannel.1's MAC (its VtepMAC).
-fn flannel_node(node: &Node, peers: &[(&Node, weft::mac::MacAddr)]) -> weft::mac::MacAddr {
-    let ns = &node.ns;
-    let ip = node.ip.to_string();
-    ns.ip(&[
-        "link",
-        "add",
-        "flannel.1",
-        "type",
-        "vxlan",
-        "id",
-        "1",
-        "local",
-        &ip,
-        "dev",
-        "eth0",
-        "dstport",
-        "8472",
-        "nolearning",
-    ])
-    .unwrap();
-    ns.ip(&["link", "set", "flannel.1", "mtu", "1450", "up"])
-        .unwrap();
-    ns.ip(&[
-        "addr",
-        "add",
-        &format!("{}/32", subnet_of(node.index).addr()),
-        "dev",
-        "flannel.1",
-    ])
-    .unwrap();
-    ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
-    for (p, mac) in peers {
-        let s = subnet_of(p.index);
-        let m = mac.to_string();
-        ns.ip(&[
-            "neigh",
-            "replace",
-            &s.addr().to_string(),
-            "lladdr",
-            &m,
-            "dev",
-            "flannel.1",
-            "nud",
-            "permanent",
-        ])
-        .unwrap();
-        ns.exec(
-            "bridge",
-            &[
-                "fdb",
-                "append",
-                &m,
-                "dev",
-                "flannel.1",
-                "dst",
-                &p.ip.to_string(),
-            ],
-        )
-        .unwrap();
-        ns.ip(&[
-            "route",
-            "replace",
-            &s.to_string(),
-            "via",
-            &s.addr().to_string(),
-            "dev",
-            "flannel.1",
-            "onlink",
-        ])
-        .unwrap();
-    }
-    weft_tests::netns::mac(ns, "flannel.1")
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// A Weft node and a node configured exactly as flannel configures one:
 /// their pods exchange ICMP and TCP in both directions.
 #[test]
@@ -420,7 +339,14 @@ fn interop_with_a_flannel_node_using_the_kernel_vxlan_device() {
         .pods_for(subnet_of(1).addr(), 24, 1, 1450)
         .unwrap();
     flannel.pods_for(subnet_of(2).addr(), 24, 1, 1450).unwrap();
-    let flannel_mac = flannel_node(&flannel, &[(&weft_node, weft_tests::overlay::vtep_mac(1))]);
+    let flannel_mac = flannel_device(&flannel, subnet_of(2)).unwrap();
+    flannel_peer(
+        &flannel,
+        subnet_of(1),
+        weft_node.ip,
+        weft_tests::overlay::vtep_mac(1),
+    )
+    .unwrap();
     let pins = TestPins::new();
     let flannel_peer = weft::peers::Peer {
         subnet: subnet_of(2),

@@ -96,15 +96,6 @@ async fn setup(config: &str) -> (Etcd, Client) {
     (etcd, c)
 }
 
-fn write_subnet_file(agent_dir: &std::path::Path, subnet_line: &str) {
-    std::fs::create_dir_all(agent_dir).unwrap();
-    std::fs::write(
-        agent_dir.join("subnet.env"),
-        format!("FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET={subnet_line}\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n"),
-    )
-    .unwrap();
-}
-
 /// flannel #1289, exactly: A acquires; A's key is deleted; B starts with a
 /// subnet file naming A's subnet and gets it; A starts again with its subnet
 /// file: A gets a different subnet, and B's key keeps its value, etcd lease
@@ -120,16 +111,15 @@ async fn seed_scenario_a_stale_subnet_file_never_overwrites_another_nodes_lease(
     c.delete(a_key.as_str(), None).await.unwrap();
 
     // B's subnet file names A's subnet (say, the file was copied).
-    let b_dir = std::env::temp_dir().join(weft_tests::unique("weft-b-"));
-    write_subnet_file(&b_dir, &sa);
-    let mut b_args = args(&etcd, "node-b", "198.18.0.2", 600);
-    b_args.extend([
-        "--subnet-file".into(),
-        b_dir.join("subnet.env").to_string_lossy().into(),
-    ]);
-    let b = Agent::start("b", None, &b_args).unwrap();
+    let b = Agent::start_seeded(
+        "b",
+        None,
+        &args(&etcd, "node-b", "198.18.0.2", 600),
+        Some(&sa),
+    )
+    .unwrap();
     b.wait_log("acquired the subnet lease", T).unwrap();
-    let sb = std::fs::read_to_string(b_dir.join("subnet.env")).unwrap();
+    let sb = std::fs::read_to_string(b.subnet_file()).unwrap();
     assert!(
         sb.contains(&format!("FLANNEL_SUBNET={sa}")),
         "B took the free subnet it preferred: {sb}"
@@ -159,7 +149,6 @@ async fn seed_scenario_a_stale_subnet_file_never_overwrites_another_nodes_lease(
     let a2 = get(&mut c, &key_of(&sa2)).await.unwrap();
     assert!(a2.value.contains("\"WeftNodeID\":\"node-a\""));
     drop(b);
-    let _ = std::fs::remove_dir_all(&b_dir);
 }
 
 /// A is paused past its TTL; B takes the subnet; A resumes, notices the
@@ -183,14 +172,13 @@ async fn expiry_while_paused_never_writes_the_new_owners_key() {
         "A's key expired while A was paused"
     );
 
-    let b_dir = std::env::temp_dir().join(weft_tests::unique("weft-b-"));
-    write_subnet_file(&b_dir, &sa);
-    let mut b_args = args(&etcd, "node-b", "198.18.0.2", 600);
-    b_args.extend([
-        "--subnet-file".into(),
-        b_dir.join("subnet.env").to_string_lossy().into(),
-    ]);
-    let b = Agent::start("b", None, &b_args).unwrap();
+    let b = Agent::start_seeded(
+        "b",
+        None,
+        &args(&etcd, "node-b", "198.18.0.2", 600),
+        Some(&sa),
+    )
+    .unwrap();
     b.wait_log("acquired the subnet lease", T).unwrap();
     let b_key = get(&mut c, &key).await.expect("B holds A's old subnet");
     assert!(b_key.value.contains("node-b"));
@@ -212,7 +200,6 @@ async fn expiry_while_paused_never_writes_the_new_owners_key() {
         "no write since B created it"
     );
     drop(b);
-    let _ = std::fs::remove_dir_all(&b_dir);
 }
 
 fn race(etcd: &Etcd, n: usize) -> Vec<Agent> {
@@ -312,16 +299,15 @@ async fn restart_keeps_the_subnet_and_a_clone_never_shares_it() {
     assert_eq!(all_leases(&mut c).await.len(), 1);
 
     // The clone: same PublicIP, another node id, a copy of A's subnet file.
-    let clone_dir = std::env::temp_dir().join(weft_tests::unique("weft-clone-"));
-    write_subnet_file(&clone_dir, &sa);
-    let mut cargs = args(&etcd, "node-a-clone", "198.18.0.1", 600);
-    cargs.extend([
-        "--subnet-file".into(),
-        clone_dir.join("subnet.env").to_string_lossy().into(),
-    ]);
-    let clone = Agent::start("clone", None, &cargs).unwrap();
+    let clone = Agent::start_seeded(
+        "clone",
+        None,
+        &args(&etcd, "node-a-clone", "198.18.0.1", 600),
+        Some(&sa),
+    )
+    .unwrap();
     clone.wait_log("acquired the subnet lease", T).unwrap();
-    let cs = std::fs::read_to_string(clone_dir.join("subnet.env")).unwrap();
+    let cs = std::fs::read_to_string(clone.subnet_file()).unwrap();
     assert!(
         !cs.contains(&format!("FLANNEL_SUBNET={sa}")),
         "the clone got its own subnet: {cs}"
@@ -330,7 +316,6 @@ async fn restart_keeps_the_subnet_and_a_clone_never_shares_it() {
     assert_eq!(a_now, after, "A's key untouched by the clone");
     assert_eq!(all_leases(&mut c).await.len(), 2);
     drop(clone);
-    let _ = std::fs::remove_dir_all(&clone_dir);
 }
 
 /// A reservation (a key without an etcd lease) is used as is by the node
@@ -359,17 +344,16 @@ async fn reservations_are_honoured() {
     );
 
     // Q prefers the reserved subnet (stale file): it gets the free one.
-    let q_dir = std::env::temp_dir().join(weft_tests::unique("weft-q-"));
-    write_subnet_file(&q_dir, "10.9.0.13/30");
-    let mut qargs = args(&etcd, "node-q", "198.18.0.5", 600);
-    qargs.extend([
-        "--subnet-file".into(),
-        q_dir.join("subnet.env").to_string_lossy().into(),
-    ]);
-    let q = Agent::start("q", None, &qargs).unwrap();
+    let q = Agent::start_seeded(
+        "q",
+        None,
+        &args(&etcd, "node-q", "198.18.0.5", 600),
+        Some("10.9.0.13/30"),
+    )
+    .unwrap();
     q.wait_log("acquired the subnet lease", T).unwrap();
     assert!(
-        std::fs::read_to_string(q_dir.join("subnet.env"))
+        std::fs::read_to_string(q.subnet_file())
             .unwrap()
             .contains("FLANNEL_SUBNET=10.9.0.5/30")
     );
@@ -389,7 +373,6 @@ async fn reservations_are_honoured() {
     r.wait_log_count("acquired the subnet lease", 2, T).unwrap();
     assert_eq!(get(&mut c, &r_key).await.unwrap().lease, 0);
     drop(q);
-    let _ = std::fs::remove_dir_all(&q_dir);
 }
 
 /// A malformed config gives an error naming the field, and the agent keeps
@@ -406,14 +389,13 @@ async fn malformed_config_and_lease_values() {
     let badkey = format!("{PREFIX}/subnets/banana");
     c.put(badkey.as_str(), "whatever", None).await.unwrap();
 
-    let dir = std::env::temp_dir().join(weft_tests::unique("weft-m-"));
-    write_subnet_file(&dir, "10.5.3.1/24");
-    let mut margs = args(&etcd, "node-m", "198.18.0.3", 600);
-    margs.extend([
-        "--subnet-file".into(),
-        dir.join("subnet.env").to_string_lossy().into(),
-    ]);
-    let mut m = Agent::start("m", None, &margs).unwrap();
+    let mut m = Agent::start_seeded(
+        "m",
+        None,
+        &args(&etcd, "node-m", "198.18.0.3", 600),
+        Some("10.5.3.1/24"),
+    )
+    .unwrap();
     m.wait_log(
         "network config: SubnetLen: must be a number, found \"24\"",
         T,
@@ -431,7 +413,7 @@ async fn malformed_config_and_lease_values() {
         .await
         .unwrap();
     m.wait_log("acquired the subnet lease", T).unwrap();
-    let s = std::fs::read_to_string(dir.join("subnet.env")).unwrap();
+    let s = std::fs::read_to_string(m.subnet_file()).unwrap();
     assert!(
         !s.contains("FLANNEL_SUBNET=10.5.3.1/24"),
         "a key with a garbage value is still taken: {s}"
@@ -474,7 +456,6 @@ async fn malformed_config_and_lease_values() {
             && out.contains("(flannel)"),
         "{out}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// An agent started before etcd keeps retrying with a clear log line and

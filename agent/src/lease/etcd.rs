@@ -141,7 +141,7 @@ pub(crate) fn store_error(e: etcd_client::Error) -> StoreError {
     }
 }
 
-fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
+pub(crate) fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
     KeyValue {
         key: String::from_utf8_lossy(kv.key()).into_owned(),
         value: kv.value().to_vec(),

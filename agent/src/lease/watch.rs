@@ -9,12 +9,12 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use etcd_client::{EventType, GetOptions, WatchOptions};
+use etcd_client::{EventType, WatchOptions};
 use tokio::sync::mpsc;
 
 use super::{
     attrs::LeaseAttrs,
-    etcd::{EtcdStore, store_error},
+    etcd::{EtcdStore, store_error, to_kv},
     store::{KeyValue, Listing},
     subnet::Ipv4Net,
 };
@@ -88,31 +88,26 @@ impl LeaseCache {
     }
 
     fn parse(&self, kv: &KeyValue) -> Option<Lease> {
-        let Some(suffix) = kv.key.strip_prefix(&self.prefix) else {
-            self.malformed(&kv.key, "key outside the subnets prefix");
-            return None;
-        };
-        let subnet = match Ipv4Net::from_key(suffix) {
-            Ok(s) => s,
-            Err(e) => {
-                self.malformed(&kv.key, &e.to_string());
-                return None;
-            }
-        };
-        match LeaseAttrs::parse(&kv.value) {
-            Ok(attrs) => Some(Lease {
-                subnet,
-                key: kv.key.clone(),
-                attrs,
-                lease_id: kv.lease,
-                create_revision: kv.create_revision,
-                mod_revision: kv.mod_revision,
-            }),
-            Err(e) => {
-                self.malformed(&kv.key, &e.to_string());
-                None
-            }
-        }
+        self.parse_quiet(kv)
+            .map_err(|why| self.malformed(&kv.key, &why))
+            .ok()
+    }
+
+    fn parse_quiet(&self, kv: &KeyValue) -> Result<Lease, String> {
+        let suffix = kv
+            .key
+            .strip_prefix(&self.prefix)
+            .ok_or_else(|| "key outside the subnets prefix".to_string())?;
+        let subnet = Ipv4Net::from_key(suffix).map_err(|e| e.to_string())?;
+        let attrs = LeaseAttrs::parse(&kv.value).map_err(|e| e.to_string())?;
+        Ok(Lease {
+            subnet,
+            key: kv.key.clone(),
+            attrs,
+            lease_id: kv.lease,
+            create_revision: kv.create_revision,
+            mod_revision: kv.mod_revision,
+        })
     }
 
     /// A put seen at `kv.mod_revision`.
@@ -273,14 +268,7 @@ async fn follow(
         received = true;
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
-            let kv = KeyValue {
-                key: String::from_utf8_lossy(kv.key()).into_owned(),
-                value: kv.value().to_vec(),
-                create_revision: kv.create_revision(),
-                mod_revision: kv.mod_revision(),
-                version: kv.version(),
-                lease: kv.lease(),
-            };
+            let kv = to_kv(kv);
             let out = match ev.event_type() {
                 EventType::Put => cache.put(&kv),
                 EventType::Delete => cache.delete(&kv.key, kv.mod_revision),
@@ -298,54 +286,25 @@ fn retry_delay(failures: u32) -> Duration {
     Duration::from_millis((250u64 << failures.min(5)).min(5_000))
 }
 
-/// Reads every lease once (for `weft leases`).
+/// Reads every lease once (for `weft leases`): the leases, and the keys
+/// that are not leases, with why.
 pub async fn list_once(
     store: &EtcdStore,
     prefix: &str,
 ) -> anyhow::Result<(Vec<Lease>, Vec<(String, String)>)> {
-    let resp = store
-        .client()
-        .get(prefix, Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(store_error)?;
+    use super::store::Store as _;
+    let listing = store.list(prefix).await?;
+    let cache = LeaseCache::new(prefix, None);
     let mut leases = Vec::new();
     let mut bad = Vec::new();
-    let cache = LeaseCache::new(prefix, None);
-    for kv in resp.kvs() {
-        let kv = KeyValue {
-            key: String::from_utf8_lossy(kv.key()).into_owned(),
-            value: kv.value().to_vec(),
-            create_revision: kv.create_revision(),
-            mod_revision: kv.mod_revision(),
-            version: kv.version(),
-            lease: kv.lease(),
-        };
-        match cache.parse_quiet(&kv) {
+    for kv in &listing.kvs {
+        match cache.parse_quiet(kv) {
             Ok(l) => leases.push(l),
-            Err(why) => bad.push((kv.key, why)),
+            Err(why) => bad.push((kv.key.clone(), why)),
         }
     }
     leases.sort_by_key(|l| l.subnet);
     Ok((leases, bad))
-}
-
-impl LeaseCache {
-    fn parse_quiet(&self, kv: &KeyValue) -> Result<Lease, String> {
-        let suffix = kv
-            .key
-            .strip_prefix(&self.prefix)
-            .ok_or_else(|| "key outside the subnets prefix".to_string())?;
-        let subnet = Ipv4Net::from_key(suffix).map_err(|e| e.to_string())?;
-        let attrs = LeaseAttrs::parse(&kv.value).map_err(|e| e.to_string())?;
-        Ok(Lease {
-            subnet,
-            key: kv.key.clone(),
-            attrs,
-            lease_id: kv.lease,
-            create_revision: kv.create_revision,
-            mod_revision: kv.mod_revision,
-        })
-    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use weft::dataplane::overlay::DecapMode;
 
 use crate::{
-    cluster::Node,
+    cluster::{Node, flannel_device, flannel_peer},
     netns::{Netns, veth},
     overlay::{install, peer, spec, subnet_of},
     pins::TestPins,
@@ -149,13 +149,12 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
             }
         }
         "kernel_vxlan" => {
-            for n in &nodes {
-                flannel_like(n)?;
-            }
-            // Each side's neighbour entries name the other's real flannel.1 MAC.
+            let macs = [
+                flannel_device(&nodes[0], subnet_of(1))?,
+                flannel_device(&nodes[1], subnet_of(2))?,
+            ];
             for (a, b) in [(0, 1), (1, 0)] {
-                let mac = crate::netns::mac(&nodes[b].ns, "flannel.1")?;
-                program_flannel_peer(&nodes[a], &nodes[b], &mac)?;
+                flannel_peer(&nodes[a], subnet_of(nodes[b].index), nodes[b].ip, macs[b])?;
             }
         }
         "weft" | "weft_tc" => {
@@ -210,76 +209,6 @@ fn direct_pair() -> Result<(Node, Node)> {
     a.ns.ip(&["addr", "add", "198.18.0.1/24", "dev", "eth0"])?;
     b.ns.ip(&["addr", "add", "198.18.0.2/24", "dev", "eth0"])?;
     Ok((a, b))
-}
-
-/// flannel.1 on `n` as flannel's vxlan backend creates it.
-fn flannel_like(n: &Node) -> Result<()> {
-    let ip = n.ip.to_string();
-    n.ns.ip(&[
-        "link",
-        "add",
-        "flannel.1",
-        "type",
-        "vxlan",
-        "id",
-        "1",
-        "local",
-        &ip,
-        "dev",
-        "eth0",
-        "dstport",
-        "8472",
-        "nolearning",
-    ])?;
-    n.ns.ip(&["link", "set", "flannel.1", "mtu", "1450", "up"])?;
-    n.ns.ip(&[
-        "addr",
-        "add",
-        &format!("{}/32", subnet_of(n.index).addr()),
-        "dev",
-        "flannel.1",
-    ])?;
-    n.ns.sysctl("net.ipv4.ip_forward", "1")?;
-    Ok(())
-}
-
-/// flannel's per-lease entries: neighbour, FDB, onlink route.
-fn program_flannel_peer(n: &Node, p: &Node, mac: &str) -> Result<()> {
-    let s = subnet_of(p.index);
-    n.ns.ip(&[
-        "neigh",
-        "replace",
-        &s.addr().to_string(),
-        "lladdr",
-        mac,
-        "dev",
-        "flannel.1",
-        "nud",
-        "permanent",
-    ])?;
-    n.ns.exec(
-        "bridge",
-        &[
-            "fdb",
-            "append",
-            mac,
-            "dev",
-            "flannel.1",
-            "dst",
-            &p.ip.to_string(),
-        ],
-    )?;
-    n.ns.ip(&[
-        "route",
-        "replace",
-        &s.to_string(),
-        "via",
-        &s.addr().to_string(),
-        "dev",
-        "flannel.1",
-        "onlink",
-    ])?;
-    Ok(())
 }
 
 fn iperf_json(ns: &Netns, args: &[&str]) -> Result<Value> {
