@@ -54,6 +54,15 @@ impl WeftCluster {
 
     /// Starts node `i`'s agent, waits for its subnet, then adds two pods.
     pub fn add_node(&mut self, i: u8, extra: &[&str]) -> Result<&WeftNode> {
+        self.start_node(i, extra)?;
+        let n = self.nodes.last_mut().expect("just added");
+        n.node
+            .pods_for(n.subnet.addr(), n.subnet.prefix_len(), 2, 1450)?;
+        Ok(n)
+    }
+
+    /// Starts node `i`'s agent and waits for its subnet; no pods yet.
+    pub fn start_node(&mut self, i: u8, extra: &[&str]) -> Result<&mut WeftNode> {
         let node = Node::new(&self.underlay, i)?;
         let pins = TestPins::new();
         let mut args: Vec<String> = [
@@ -79,8 +88,6 @@ impl WeftCluster {
         let ip: Ipv4Addr = ip.parse()?;
         let len: u8 = len.parse()?;
         let subnet = Ipv4Net::containing(ip, len);
-        let mut node = node;
-        node.pods_for(subnet.addr(), len, 2, 1450)?;
         self.nodes.push(WeftNode {
             node,
             agent,
@@ -88,7 +95,7 @@ impl WeftCluster {
             subnet,
             acquired_at,
         });
-        Ok(self.nodes.last().unwrap())
+        Ok(self.nodes.last_mut().unwrap())
     }
 
     pub fn pod_ips(&self) -> Vec<Ipv4Addr> {

@@ -31,7 +31,7 @@ fn cluster_from_cold_join_and_lease_deletion() {
     }
 
     // A 4th node joins.
-    c.add_node(4, &[]).unwrap();
+    c.start_node(4, &[]).unwrap();
     let joined_at = c.nodes[3].acquired_at;
     let s4 = c.nodes[3].subnet;
     eventually(
@@ -47,6 +47,8 @@ fn cluster_from_cold_join_and_lease_deletion() {
     let took = joined_at.elapsed();
     println!("every agent programmed the 4th node {took:?} after it took its lease");
     assert!(took < Duration::from_secs(1), "took {took:?}");
+    let n4 = &mut c.nodes[3];
+    n4.node.pods_for(n4.subnet.addr(), 24, 2, 1450).unwrap();
     c.all_pairs_reach().unwrap();
     println!(
         "and all 4 nodes' pods reach each other {:?} after",
