@@ -130,6 +130,22 @@ impl WeftNode {
             .unwrap_or_default()
     }
 
+    /// Runs `weft ARGS` inside this node's namespace, pointed at this node's
+    /// pins, subnet file and the cluster's etcd where the command takes them.
+    pub fn weft(&self, args: &[&str]) -> Result<String> {
+        let pins = self.pins.path().to_str().unwrap().to_string();
+        let subnet_file = self.agent.subnet_file().to_str().unwrap().to_string();
+        let etcd = format!("http://{ETCD_IP}:2379");
+        let mut full: Vec<&str> = args.to_vec();
+        full.extend(["--bpffs-dir", &pins]);
+        if args.first() == Some(&"status") {
+            full.extend(["--subnet-file", &subnet_file, "--etcd-endpoints", &etcd]);
+        }
+        self.node
+            .ns
+            .exec(crate::agent::weft_bin().to_str().unwrap(), &full)
+    }
+
     pub fn lease_key(&self) -> String {
         format!("{PREFIX}/subnets/{}", self.subnet.to_key())
     }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use weft_tests::{
-    agent::{eventually, weft},
+    agent::eventually,
     cluster::ping,
     weft_cluster::{PREFIX, WeftCluster, http_get},
 };
@@ -381,25 +381,7 @@ fn metrics_status_and_teardown() {
     assert!(after["weft_lease_acquire_seconds_count"] >= 1.0);
 
     // weft status, inside node 1.
-    let pins = n1.pins.path().to_str().unwrap().to_string();
-    let subnet_file = n1.agent.subnet_file().to_str().unwrap().to_string();
-    let etcd = format!("http://{}:2379", weft_tests::weft_cluster::ETCD_IP);
-    let status = n1
-        .node
-        .ns
-        .exec(
-            weft_tests::agent::weft_bin().to_str().unwrap(),
-            &[
-                "status",
-                "--bpffs-dir",
-                &pins,
-                "--subnet-file",
-                &subnet_file,
-                "--etcd-endpoints",
-                &etcd,
-            ],
-        )
-        .unwrap();
+    let status = n1.weft(&["status"]).unwrap();
     println!("{status}");
     assert!(status.contains(&n1.subnet.to_string()));
     assert!(
@@ -411,23 +393,7 @@ fn metrics_status_and_teardown() {
         "XDP in native mode"
     );
     assert!(status.contains("TTL"), "the lease's TTL left");
-    let json = n1
-        .node
-        .ns
-        .exec(
-            weft_tests::agent::weft_bin().to_str().unwrap(),
-            &[
-                "status",
-                "--bpffs-dir",
-                &pins,
-                "--subnet-file",
-                &subnet_file,
-                "--etcd-endpoints",
-                &etcd,
-                "--json",
-            ],
-        )
-        .unwrap();
+    let json = n1.weft(&["status", "--json"]).unwrap();
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["peers"].as_array().unwrap().len(), 1);
     assert!(v["counters"]["encapsulated"]["packets"].as_u64().unwrap() >= 25);
@@ -436,14 +402,7 @@ fn metrics_status_and_teardown() {
     let mut c = c;
     c.nodes[0].agent.stop().unwrap();
     let n1 = &c.nodes[0];
-    let out = n1
-        .node
-        .ns
-        .exec(
-            weft_tests::agent::weft_bin().to_str().unwrap(),
-            &["teardown", "--bpffs-dir", &pins],
-        )
-        .unwrap();
+    let out = n1.weft(&["teardown"]).unwrap();
     println!("{out}");
     assert!(out.contains("device weft.1"));
     let links = n1.node.ns.ip(&["-d", "link", "show"]).unwrap();
@@ -465,14 +424,6 @@ fn metrics_status_and_teardown() {
             == 0
     );
     // A second teardown has nothing left to do.
-    let out = n1
-        .node
-        .ns
-        .exec(
-            weft_tests::agent::weft_bin().to_str().unwrap(),
-            &["teardown", "--bpffs-dir", &pins],
-        )
-        .unwrap();
+    let out = n1.weft(&["teardown"]).unwrap();
     assert!(out.contains("nothing to remove"), "{out}");
-    let _ = weft;
 }

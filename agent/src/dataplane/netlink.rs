@@ -162,37 +162,32 @@ impl Netlink {
                 self.require_link(name).await?
             }
         };
-        let noarp = !link.arp;
-        if link.mac != mac || link.mtu != mtu || !link.up || !noarp {
-            let msg = LinkUnspec::new_with_index(link.index)
-                .address(mac.to_vec())
-                .mtu(mtu)
-                .arp(false)
-                .up()
-                .build();
-            self.handle
-                .link()
-                .set(msg)
-                .execute()
-                .await
-                .with_context(|| format!("configuring {name}"))?;
-        }
-        if let Some(p) = self.link(peer).await?
-            && (p.mtu != mtu || !p.up || p.arp)
-        {
-            let msg = LinkUnspec::new_with_index(p.index)
-                .mtu(mtu)
-                .arp(false)
-                .up()
-                .build();
-            self.handle
-                .link()
-                .set(msg)
-                .execute()
-                .await
-                .with_context(|| format!("configuring {peer}"))?;
+        self.converge_noarp(&link, Some(mac), mtu).await?;
+        if let Some(p) = self.link(peer).await? {
+            self.converge_noarp(&p, None, mtu).await?;
         }
         Ok(link.index)
+    }
+
+    /// Sets `link` up with ARP off, `mtu` and (if given) `mac`, unless it
+    /// already is.
+    async fn converge_noarp(&self, link: &Link, mac: Option<[u8; 6]>, mtu: u32) -> Result<()> {
+        if mac.is_none_or(|m| m == link.mac) && link.mtu == mtu && link.up && !link.arp {
+            return Ok(());
+        }
+        let mut b = LinkUnspec::new_with_index(link.index)
+            .mtu(mtu)
+            .arp(false)
+            .up();
+        if let Some(m) = mac {
+            b = b.address(m.to_vec());
+        }
+        self.handle
+            .link()
+            .set(b.build())
+            .execute()
+            .await
+            .with_context(|| format!("configuring {}", link.name))
     }
 
     pub async fn delete_link(&self, name: &str) -> Result<bool> {

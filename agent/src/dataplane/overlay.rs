@@ -225,18 +225,7 @@ impl Overlay {
                 p.vtep
             );
         }
-        let old = self.peers.get(&p.subnet).copied();
-        self.maps.upsert(&p, old.as_ref())?;
-        if old.is_none() {
-            self.nl
-                .replace_route(
-                    &route_for(&p, self.device_index),
-                    Some(self.spec.subnet.addr()),
-                )
-                .await?;
-        }
-        self.peers.insert(p.subnet, p);
-        Ok(())
+        self.apply_batch(&[PeerUpdate::Upsert(p)]).await
     }
 
     /// Applies many updates at once: map entries one by one, in order, and

@@ -143,18 +143,7 @@ fn demo() -> Result<()> {
 
     step(5, "weft status on node1")?;
     let n1 = &c.nodes[0];
-    let out = n1.node.ns.exec(
-        weft_bin().to_str().unwrap(),
-        &[
-            "status",
-            "--bpffs-dir",
-            n1.pins.path().to_str().unwrap(),
-            "--subnet-file",
-            n1.agent.subnet_file().to_str().unwrap(),
-            "--etcd-endpoints",
-            &format!("http://{ETCD_IP}:2379"),
-        ],
-    )?;
+    let out = n1.weft(&["status"])?;
     print!("{}", indent(&out));
 
     step(6, "removing the agents, namespaces, pins and etcd")?;
