@@ -119,11 +119,7 @@ async fn seed_scenario_a_stale_subnet_file_never_overwrites_another_nodes_lease(
     )
     .unwrap();
     b.wait_log("acquired the subnet lease", T).unwrap();
-    let sb = std::fs::read_to_string(b.subnet_file()).unwrap();
-    assert!(
-        sb.contains(&format!("FLANNEL_SUBNET={sa}")),
-        "B took the free subnet it preferred: {sb}"
-    );
+    // B took the free subnet it preferred: the key names B.
     let b_before = get(&mut c, &a_key).await.unwrap();
     assert!(b_before.value.contains("\"WeftNodeID\":\"node-b\""));
 
@@ -306,12 +302,9 @@ async fn restart_keeps_the_subnet_and_a_clone_never_shares_it() {
         Some(&sa),
     )
     .unwrap();
-    clone.wait_log("acquired the subnet lease", T).unwrap();
-    let cs = std::fs::read_to_string(clone.subnet_file()).unwrap();
-    assert!(
-        !cs.contains(&format!("FLANNEL_SUBNET={sa}")),
-        "the clone got its own subnet: {cs}"
-    );
+    // The subnet file is rewritten once the lease is held.
+    let cs = clone.wait_subnet_change(&sa, T).unwrap();
+    assert!(cs != sa, "the clone got its own subnet: {cs}");
     let a_now = get(&mut c, &key).await.unwrap();
     assert_eq!(a_now, after, "A's key untouched by the clone");
     assert_eq!(all_leases(&mut c).await.len(), 2);
@@ -351,11 +344,9 @@ async fn reservations_are_honoured() {
         Some("10.9.0.13/30"),
     )
     .unwrap();
-    q.wait_log("acquired the subnet lease", T).unwrap();
-    assert!(
-        std::fs::read_to_string(q.subnet_file())
-            .unwrap()
-            .contains("FLANNEL_SUBNET=10.9.0.5/30")
+    assert_eq!(
+        q.wait_subnet_change("10.9.0.13/30", T).unwrap(),
+        "10.9.0.5/30"
     );
     // A third node finds nothing: reservations are not free subnets.
     let z = Agent::start("z", None, &args(&etcd, "node-z", "198.18.0.6", 600)).unwrap();
@@ -413,9 +404,9 @@ async fn malformed_config_and_lease_values() {
         .await
         .unwrap();
     m.wait_log("acquired the subnet lease", T).unwrap();
-    let s = std::fs::read_to_string(m.subnet_file()).unwrap();
+    let s = m.wait_subnet_change("10.5.3.1/24", T).unwrap();
     assert!(
-        !s.contains("FLANNEL_SUBNET=10.5.3.1/24"),
+        s != "10.5.3.1/24",
         "a key with a garbage value is still taken: {s}"
     );
     m.wait_log("skipping a malformed lease", T).unwrap();
