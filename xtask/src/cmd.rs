@@ -2,18 +2,18 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
     time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail};
 
-pub fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
 /// Runs a command, echoing it, failing on a non-zero exit.
-pub fn run(mut cmd: Command) -> Result<()> {
+pub(crate) fn run(mut cmd: Command) -> Result<()> {
     eprintln!("+ {}", describe(&cmd));
     let status = cmd
         .status()
@@ -24,6 +24,56 @@ pub fn run(mut cmd: Command) -> Result<()> {
     Ok(())
 }
 
+/// Runs a command like [`run`], echoing its output as it comes, and
+/// returns the lines that name a failed test (`test x ... FAILED`) and
+/// cargo's own errors, so that a long run can end by repeating them.
+pub(crate) fn run_collecting_failures(mut cmd: Command) -> (Result<()>, Vec<String>) {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    eprintln!("+ {}", describe(&cmd));
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return (
+                Err(e).context(format!("starting {}", describe(&cmd))),
+                vec![],
+            );
+        }
+    };
+    let interesting = |l: &str| {
+        (l.starts_with("test ") && l.ends_with("FAILED"))
+            || l.starts_with("error: ")
+            || l.contains("panicked at")
+    };
+    let out = child.stdout.take().expect("piped");
+    let err = child.stderr.take().expect("piped");
+    let from_stderr = std::thread::spawn(move || {
+        let mut found = vec![];
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("{l}");
+            if interesting(&l) {
+                found.push(l);
+            }
+        }
+        found
+    });
+    let mut found = vec![];
+    let stdout = std::io::stdout();
+    for l in BufReader::new(out).lines().map_while(Result::ok) {
+        let _ = writeln!(stdout.lock(), "{l}");
+        if interesting(&l) {
+            found.push(l);
+        }
+    }
+    found.extend(from_stderr.join().unwrap_or_default());
+    let r = match child.wait() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(anyhow::anyhow!("`{}` failed ({s})", describe(&cmd))),
+        Err(e) => Err(e.into()),
+    };
+    (r, found)
+}
+
 fn describe(cmd: &Command) -> String {
     std::iter::once(cmd.get_program().to_string_lossy().into_owned())
         .chain(cmd.get_args().map(|a| a.to_string_lossy().into_owned()))
@@ -32,7 +82,7 @@ fn describe(cmd: &Command) -> String {
 }
 
 /// Builds the agent (and, through its build script, the eBPF programs).
-pub fn build(release: bool) -> Result<PathBuf> {
+pub(crate) fn build(release: bool) -> Result<PathBuf> {
     let mut c = cargo();
     c.args(["build", "--package", "weft"]);
     if release {
@@ -45,28 +95,18 @@ pub fn build(release: bool) -> Result<PathBuf> {
         .canonicalize()?)
 }
 
-pub fn exec(bin: &Path, args: &[String]) -> Result<()> {
+pub(crate) fn exec(bin: &Path, args: &[String]) -> Result<()> {
     let mut c = Command::new(bin);
     c.args(args);
     run(c)
 }
 
-pub fn test(filter: Option<&str>) -> Result<()> {
-    let started = Instant::now();
-    let weft = build(false)?;
-
+/// fmt and clippy on the host crates and on the eBPF crate (with its own
+/// toolchain and target). Needs no root.
+pub(crate) fn lint() -> Result<()> {
     let mut c = cargo();
     c.args(["fmt", "--all", "--check"]);
     run(c)?;
-    let mut c = cargo();
-    c.args([
-        "fmt",
-        "--check",
-        "--manifest-path",
-        "dataplane-ebpf/Cargo.toml",
-    ]);
-    run(c)?;
-
     let mut c = cargo();
     c.args([
         "clippy",
@@ -78,37 +118,184 @@ pub fn test(filter: Option<&str>) -> Result<()> {
         "warnings",
     ]);
     run(c)?;
+    // The formats alone, as the fuzz targets build them.
+    let mut c = cargo();
+    c.args([
+        "clippy",
+        "--package",
+        "weft",
+        "--no-default-features",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    run(c)?;
+    let ebpf = Path::new("dataplane-ebpf");
+    let channel = crate::toolchain::channel(ebpf)?;
+    let mut c = ebpf_cargo(&channel);
+    c.args(["fmt", "--check"]).current_dir(ebpf);
+    run(c)?;
+    let mut c = ebpf_cargo(&channel);
+    c.args([
+        "clippy",
+        "--release",
+        "--locked",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+        "--target-dir",
+        "../target/ebpf",
+        "--",
+        "-D",
+        "warnings",
+    ])
+    .current_dir(ebpf);
+    run(c)
+}
+
+/// cargo of the eBPF crate's toolchain.
+fn ebpf_cargo(channel: &str) -> Command {
+    let mut c = Command::new("rustup");
+    c.args(["run", channel, "cargo"]);
+    // The outer (stable) cargo's settings must not leak in.
+    for var in [
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
+    let started = Instant::now();
+    let weft = build(false)?;
+    lint()?;
+    // The image the image and manifest tests run.
+    let image = crate::image::image()?;
 
     let mut c = cargo();
     c.args(["test", "--workspace", "--locked", "--no-fail-fast"]);
     if let Some(f) = filter {
         c.args(["--", f]);
     }
-    c.env("WEFT_BIN", &weft);
-    run(c)?;
+    c.env("WEFT_BIN", &weft)
+        .env("WEFT_IMAGE", &image.archive)
+        .env("WEFT_IMAGE_REF", &image.reference)
+        .env(
+            "WEFT_KUBERNETES_VALIDATE",
+            crate::setup::kubernetes_validate_bin(),
+        );
+    let (mut tests, mut failures) = run_collecting_failures(c);
+    // The datapath and agent tests again, without host routing: the path
+    // every packet took before it, and still takes when the fast path
+    // cannot.
+    if filter.is_none() && tests.is_ok() {
+        let mut c = cargo();
+        c.args([
+            "test",
+            "--package",
+            "weft-tests",
+            "--locked",
+            "--no-fail-fast",
+            "--test",
+            "datapath",
+            "--test",
+            "agent",
+        ]);
+        c.env("WEFT_BIN", &weft)
+            .env("WEFT_TEST_HOST_ROUTING", "legacy");
+        let (r, f) = run_collecting_failures(c);
+        tests = r.context("the datapath and agent tests with --host-routing legacy");
+        failures.extend(f);
+    }
+    // The fuzzers run even when a test failed: both results are reported.
+    let fuzzed = if filter.is_none() && fuzz_seconds > 0 {
+        fuzz(&[], fuzz_seconds)
+    } else {
+        Ok(())
+    };
+    // Repeated last, where a reader of the run's tail sees them.
+    if !failures.is_empty() {
+        eprintln!("xtask test: what failed:");
+        for f in &failures {
+            eprintln!("  {f}");
+        }
+    }
+    tests?;
+    fuzzed?;
     eprintln!("xtask test: all green in {:.0?}", started.elapsed());
     Ok(())
 }
 
-pub fn demo(args: &[String]) -> Result<()> {
-    let weft = build(true)?;
-    let mut c = cargo();
-    c.args([
-        "run",
-        "--release",
-        "--quiet",
-        "--package",
-        "weft-tests",
-        "--bin",
-        "weft-demo",
-        "--",
-    ]);
-    c.args(args);
-    c.env("WEFT_BIN", &weft);
-    run(c)
+/// The fuzz targets (`fuzz/fuzz_targets/`): the parsers of what untrusted
+/// writers put into etcd or onto disk.
+pub(crate) const FUZZ_TARGETS: [&str; 4] =
+    ["lease_json", "network_config", "subnet_key", "subnet_env"];
+
+/// Runs each of `targets` (all when empty) for `seconds` under libFuzzer,
+/// starting from the committed seeds in `fuzz/seeds/<target>`. A crash
+/// fails the run and leaves its input in `fuzz/artifacts/<target>/`.
+pub(crate) fn fuzz(targets: &[String], seconds: u64) -> Result<()> {
+    let all: Vec<String> = FUZZ_TARGETS.iter().map(|t| t.to_string()).collect();
+    let targets = if targets.is_empty() { &all } else { targets };
+    for t in targets {
+        if !FUZZ_TARGETS.contains(&t.as_str()) {
+            bail!(
+                "no fuzz target {t:?}; there are {}",
+                FUZZ_TARGETS.join(", ")
+            );
+        }
+    }
+    let channel = crate::toolchain::channel(Path::new("dataplane-ebpf"))?;
+    let ebpf_object =
+        std::fs::canonicalize("target/ebpf/bpfel-unknown-none/release/weft-dataplane").ok();
+    for t in targets {
+        let corpus = std::env::temp_dir().join(format!("weft-fuzz-{t}-{}", std::process::id()));
+        std::fs::create_dir_all(&corpus)?;
+        let mut c = ebpf_cargo(&channel);
+        c.args(["fuzz", "run", "--fuzz-dir", "fuzz", t])
+            .arg(&corpus)
+            .arg(format!("fuzz/seeds/{t}"))
+            .args([
+                "--",
+                &format!("-max_total_time={seconds}"),
+                "-print_final_stats=1",
+            ]);
+        // The eBPF object the agent embeds is already built: reuse it.
+        if let Some(o) = &ebpf_object {
+            c.env("WEFT_EBPF_OBJECT", o);
+        }
+        // libFuzzer's progress goes to a log; its tail is shown on failure.
+        let log = PathBuf::from("target/fuzz-logs").join(format!("{t}.log"));
+        std::fs::create_dir_all("target/fuzz-logs")?;
+        let file = std::fs::File::create(&log)?;
+        c.stdout(file.try_clone()?).stderr(file);
+        let r = run(c);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        if r.is_ok() {
+            let done = lines.iter().rev().find(|l| l.starts_with("Done "));
+            eprintln!("fuzz {t}: {}", done.unwrap_or(&"done"));
+        } else {
+            for l in &lines[lines.len().saturating_sub(60)..] {
+                eprintln!("{l}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&corpus);
+        r.with_context(|| format!("fuzz target {t} (a crashing input is in fuzz/artifacts/{t}/)"))?;
+    }
+    Ok(())
 }
 
-pub fn bench(args: &[String]) -> Result<()> {
+/// Runs one of the tests crate's programs (`weft-demo`, `weft-bench`) in a
+/// release build, with the release `weft` binary.
+pub(crate) fn tool(name: &str, args: &[String]) -> Result<()> {
     let weft = build(true)?;
     let mut c = cargo();
     c.args([
@@ -118,7 +305,7 @@ pub fn bench(args: &[String]) -> Result<()> {
         "--package",
         "weft-tests",
         "--bin",
-        "weft-bench",
+        name,
         "--",
     ]);
     c.args(args);

@@ -3,12 +3,17 @@
 //! - `setup`: installs what building, testing and benchmarking need (idempotent)
 //! - `build [--release]`: the eBPF programs and the agent, in one step
 //! - `run -- ARGS`: build, then run `weft ARGS`
-//! - `test`: setup, build, fmt, clippy, and every test (unit and privileged)
-//! - `demo`: a 3-node cluster in network namespaces, end to end
-//! - `bench datapath|leases|control-plane`: benchmarks, side by side with baselines
+//! - `lint`: fmt and clippy, host and eBPF crates (no root needed)
+//! - `test`: setup, build, lint, and every test (unit and privileged)
+//! - `fuzz [--seconds N] [TARGET..]`: the fuzz targets, longer
+//! - `demo`: setup, then a 3-node cluster in network namespaces, end to end
+//! - `bench datapath|egress|leases|control-plane`: benchmarks, side by side with baselines
+//! - `image`: the container image (a static binary, from scratch) as an OCI archive
 
 mod cmd;
+mod image;
 mod setup;
+mod toolchain;
 
 use std::path::PathBuf;
 
@@ -38,18 +43,40 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Setup, build, fmt, clippy and all tests.
+    /// fmt and clippy on every crate, the eBPF one included (no root needed).
+    Lint,
+    /// Setup, build, lint, all tests, and every fuzz target for 30 s.
     Test {
-        /// Only run tests whose name contains this.
+        /// Only run tests whose name contains this (and no fuzzing).
         filter: Option<String>,
         /// Skip `cargo xtask setup`.
         #[arg(long)]
         no_setup: bool,
+        /// Seconds each fuzz target runs (0: none).
+        #[arg(long, default_value_t = 30)]
+        fuzz_seconds: u64,
     },
-    /// A 3-node cluster in network namespaces, end to end.
+    /// Run the fuzz targets (all, or those named) for longer.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+        targets: Vec<String>,
+    },
+    /// Setup, then a 3-node cluster in network namespaces, end to end.
     Demo {
+        /// Skip `cargo xtask setup`.
+        #[arg(long)]
+        no_setup: bool,
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Setup, then the container image: a static weft, from scratch, saved
+    /// as an OCI archive under target/image/.
+    Image {
+        /// Skip `cargo xtask setup`.
+        #[arg(long)]
+        no_setup: bool,
     },
     /// Benchmarks (release build): `datapath`, `leases`, `control-plane`.
     Bench {
@@ -80,14 +107,34 @@ fn run() -> Result<()> {
             let bin = cmd::build(release)?;
             cmd::exec(&bin, &args)
         }
-        Command::Test { filter, no_setup } => {
+        Command::Test {
+            filter,
+            no_setup,
+            fuzz_seconds,
+        } => {
             if !no_setup {
                 setup::setup()?;
             }
-            cmd::test(filter.as_deref())
+            cmd::test(filter.as_deref(), fuzz_seconds)
         }
-        Command::Demo { args } => cmd::demo(&args),
-        Command::Bench { args } => cmd::bench(&args),
+        Command::Fuzz { seconds, targets } => {
+            cmd::build(false)?;
+            cmd::fuzz(&targets, seconds)
+        }
+        Command::Lint => cmd::lint(),
+        Command::Demo { no_setup, args } => {
+            if !no_setup {
+                setup::setup()?;
+            }
+            cmd::tool("weft-demo", &args)
+        }
+        Command::Bench { args } => cmd::tool("weft-bench", &args),
+        Command::Image { no_setup } => {
+            if !no_setup {
+                setup::setup()?;
+            }
+            image::image().map(|_| ())
+        }
     }
 }
 

@@ -10,13 +10,24 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd::run;
+use crate::{cmd::run, toolchain};
 
-/// Debian packages: the build (protoc for etcd-client), the tests (etcd,
-/// iproute2, tcpdump/tshark, scapy, nftables) and the benchmarks (iperf3,
+/// Debian packages: the build (protoc and the protobuf well-known types for
+/// etcd-client), the tests (etcd, iproute2, tcpdump/tshark, scapy,
+/// nftables, openssl for test certificates, the CNI plugins pods are
+/// attached with, podman with its CNI backend and runc, a static busybox
+/// for a container's root), the image (buildah, musl-tools for the static
+/// binary's C parts), manifest checks (yamllint, python3-venv for
+/// kubernetes-validate) and the benchmarks (iperf3,
 /// sockperf, bpftool, perf, ethtool).
 const PACKAGES: &[&str] = &[
     "protobuf-compiler",
+    "libprotobuf-dev",
+    "containernetworking-plugins",
+    "podman",
+    "runc",
+    "conmon",
+    "busybox-static",
     "etcd-server",
     "etcd-client",
     "iproute2",
@@ -30,18 +41,27 @@ const PACKAGES: &[&str] = &[
     "python3-scapy",
     "nftables",
     "iptables",
+    "openssl",
+    "buildah",
+    "musl-tools",
+    "yamllint",
+    "python3-venv",
     "ethtool",
     "linux-perf",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-const LLVM_MAJOR: &str = "22";
+const CARGO_FUZZ_VERSION: &str = "0.13.1";
 
-pub fn setup() -> Result<()> {
+pub(crate) fn setup() -> Result<()> {
     let started = Instant::now();
     step("Debian packages", debian_packages)?;
     step("nightly toolchain with rust-src", nightly_rust_src)?;
+    step("the recorded nightly", nightly_recorded)?;
     step("bpf-linker", bpf_linker)?;
+    step("cargo-fuzz", cargo_fuzz)?;
+    step("the static (musl) target", musl_target)?;
+    step("kubernetes-validate", kubernetes_validate)?;
     step("bpffs at /sys/fs/bpf", bpffs)?;
     step("kernel", kernel)?;
     eprintln!("setup: done in {:.1?}", started.elapsed());
@@ -112,11 +132,16 @@ fn debian_packages() -> Result<String> {
     Ok(format!("installed {}", missing.join(" ")))
 }
 
+fn ebpf_dir() -> PathBuf {
+    PathBuf::from("dataplane-ebpf")
+}
+
 fn nightly_sysroot() -> Result<PathBuf> {
-    let out = Command::new("rustc")
-        .args(["+nightly", "--print", "sysroot"])
+    let channel = toolchain::channel(&ebpf_dir())?;
+    let out = Command::new("rustup")
+        .args(["run", &channel, "rustc", "--print", "sysroot"])
         .output()
-        .context("running rustc +nightly")?;
+        .context("running rustup")?;
     if !out.status.success() {
         bail!(
             "no nightly toolchain: the eBPF programs build with nightly (-Z build-std). Install it with `rustup toolchain install nightly --component rust-src`. ({})",
@@ -131,10 +156,20 @@ fn nightly_rust_src() -> Result<String> {
     if sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
         return Ok("present".into());
     }
+    let channel = toolchain::channel(&ebpf_dir())?;
     let mut c = Command::new("rustup");
-    c.args(["component", "add", "rust-src", "--toolchain", "nightly"]);
+    c.args(["component", "add", "rust-src", "--toolchain", &channel]);
     run(c)?;
     Ok("installed rust-src".into())
+}
+
+fn nightly_recorded() -> Result<String> {
+    let r = toolchain::rustc(&ebpf_dir())?;
+    toolchain::check(&r)?;
+    Ok(format!(
+        "rustc {} ({}), LLVM {}",
+        r.release, r.commit_date, r.llvm_major
+    ))
 }
 
 fn home() -> PathBuf {
@@ -148,8 +183,9 @@ fn home() -> PathBuf {
 /// in `~/.cache/llvm<major>/lib` (its runpath), where we keep symlinks.
 fn bpf_linker() -> Result<String> {
     let sysroot = nightly_sysroot()?;
-    let prefix = home().join(format!(".cache/llvm{LLVM_MAJOR}"));
-    link_llvm(&sysroot, &prefix.join("lib"))?;
+    let llvm = toolchain::rustc(&ebpf_dir())?.llvm_major;
+    let prefix = home().join(format!(".cache/llvm{llvm}"));
+    link_llvm(&sysroot, &prefix.join("lib"), llvm)?;
 
     if let Ok(out) = Command::new("bpf-linker").arg("--version").output()
         && out.status.success()
@@ -158,7 +194,7 @@ fn bpf_linker() -> Result<String> {
         return Ok(format!("{BPF_LINKER_VERSION} present"));
     }
     eprintln!(
-        "setup: building bpf-linker {BPF_LINKER_VERSION} against nightly's LLVM {LLVM_MAJOR} (about 2 minutes)"
+        "setup: building bpf-linker {BPF_LINKER_VERSION} against nightly's LLVM {llvm} (about 2 minutes)"
     );
     let mut c = Command::new("cargo");
     c.args([
@@ -170,7 +206,7 @@ fn bpf_linker() -> Result<String> {
         "--force",
         "--no-default-features",
         "--features",
-        &format!("llvm-{LLVM_MAJOR}"),
+        &format!("llvm-{llvm}"),
     ])
     .env("LLVM_PREFIX", &prefix)
     .current_dir(std::env::temp_dir());
@@ -188,9 +224,33 @@ fn bpf_linker() -> Result<String> {
     Ok(format!("built {BPF_LINKER_VERSION}"))
 }
 
+/// cargo-fuzz, which runs the fuzz targets under libFuzzer (with the
+/// nightly toolchain: sanitizers need it).
+fn cargo_fuzz() -> Result<String> {
+    if let Ok(out) = Command::new("cargo-fuzz").arg("--version").output()
+        && out.status.success()
+        && String::from_utf8_lossy(&out.stdout).contains(CARGO_FUZZ_VERSION)
+    {
+        return Ok(format!("{CARGO_FUZZ_VERSION} present"));
+    }
+    eprintln!("setup: building cargo-fuzz {CARGO_FUZZ_VERSION} (about a minute)");
+    let mut c = Command::new("cargo");
+    c.args([
+        "install",
+        "cargo-fuzz",
+        "--version",
+        CARGO_FUZZ_VERSION,
+        "--locked",
+        "--force",
+    ])
+    .current_dir(std::env::temp_dir());
+    run(c)?;
+    Ok(format!("built {CARGO_FUZZ_VERSION}"))
+}
+
 /// Symlinks every libLLVM of the nightly toolchain into `lib`, under both
 /// names bpf-linker's build and runtime look for.
-fn link_llvm(sysroot: &Path, lib: &Path) -> Result<()> {
+fn link_llvm(sysroot: &Path, lib: &Path, llvm: u32) -> Result<()> {
     std::fs::create_dir_all(lib)?;
     let mut found = false;
     for entry in std::fs::read_dir(sysroot.join("lib"))? {
@@ -201,7 +261,7 @@ fn link_llvm(sysroot: &Path, lib: &Path) -> Result<()> {
         }
         found = true;
         symlink(&entry.path(), &lib.join(&name))?;
-        if name.starts_with(&format!("libLLVM.so.{LLVM_MAJOR}")) {
+        if name.starts_with(&format!("libLLVM.so.{llvm}")) {
             symlink(&entry.path(), &lib.join("libLLVM.so"))?;
         }
     }
@@ -251,4 +311,66 @@ fn kernel() -> Result<String> {
         );
     }
     Ok(format!("{release} with BTF"))
+}
+
+/// The target the image's static binary is built for.
+fn musl_target() -> Result<String> {
+    let target = crate::image::TARGET;
+    let out = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .context("running rustup")?;
+    if String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == target)
+    {
+        return Ok("present".into());
+    }
+    let mut c = Command::new("rustup");
+    c.args(["target", "add", target]);
+    run(c)?;
+    Ok(format!("installed {target}"))
+}
+
+/// PyPI's kubernetes-validate (the Kubernetes API schemas, offline), in a
+/// virtualenv of its own; the tests run it from there.
+pub(crate) const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+
+pub(crate) fn kubernetes_validate_bin() -> PathBuf {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/weft/venv/bin/kubernetes-validate")
+}
+
+fn kubernetes_validate() -> Result<String> {
+    let bin = kubernetes_validate_bin();
+    let venv = bin.parent().and_then(Path::parent).context("venv path")?;
+    let pip = venv.join("bin/pip");
+    if let Ok(out) = Command::new(&pip)
+        .args(["show", "kubernetes-validate"])
+        .output()
+        && String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l == format!("Version: {KUBERNETES_VALIDATE_VERSION}"))
+        && bin.exists()
+    {
+        return Ok("present".into());
+    }
+    if !venv.join("bin/python").exists() {
+        // Debian's python (python3-venv), whatever else is on PATH.
+        let mut c = Command::new("/usr/bin/python3");
+        c.args(["-m", "venv"]).arg(venv);
+        run(c).context("python3 -m venv")?;
+    }
+    let mut c = Command::new(&pip);
+    c.args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
+    ]);
+    run(c).context("installing kubernetes-validate from PyPI")?;
+    Ok(format!(
+        "installed {KUBERNETES_VALIDATE_VERSION} in {}",
+        venv.display()
+    ))
 }
