@@ -17,8 +17,15 @@ pub const DEFAULT_VXLAN_PORT: u16 = 8472;
 /// Default VXLAN network identifier (flannel's default).
 pub const DEFAULT_VNI: u32 = 1;
 
-/// Capacity of the peer tables: remote subnets a node can route to.
+/// Default capacity of the peer tables (remote subnets a node can route
+/// to); `weft agent --max-peers` sets it when the maps are created.
 pub const MAX_PEERS: u32 = 65_536;
+
+/// Version of the layout of the pinned maps (their types, keys, values and
+/// meaning). Pins live in a directory named after it (`maps-v2`), so an
+/// agent never reuses maps another version created; it bumps whenever a
+/// map's layout or meaning changes. Version 1 pinned into `maps`.
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Map names, as the programs declare them and the agent pins them.
 pub mod map_names {
@@ -26,6 +33,7 @@ pub mod map_names {
     pub const VTEPS: &str = "WEFT_VTEPS";
     pub const CONFIG: &str = "WEFT_CONFIG";
     pub const COUNTERS: &str = "WEFT_COUNTERS";
+    pub const ENDPOINTS: &str = "WEFT_ENDPOINTS";
 }
 
 /// Program names, as the programs declare them.
@@ -33,6 +41,27 @@ pub mod program_names {
     pub const ENCAP: &str = "weft_encap";
     pub const DECAP_XDP: &str = "weft_decap";
     pub const DECAP_TC: &str = "weft_decap_tc";
+    /// Host routing, transmit: on each pod's host-side veth (TC ingress).
+    pub const FROM_POD: &str = "weft_from_pod";
+    /// Host routing, receive after XDP decapsulation (TC ingress, uplink).
+    pub const DELIVER: &str = "weft_deliver";
+}
+
+/// Capacity of the endpoint map: pods on one node.
+pub const MAX_ENDPOINTS: u32 = 4096;
+
+/// A pod on this node, as host routing reaches it: the value of the
+/// `WEFT_ENDPOINTS` hash map, keyed by the pod's IPv4 address (network
+/// order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// The host side of the pod's veth: packets for the pod go to its peer.
+    pub ifindex: u32,
+    /// The pod's MAC (destination of what is delivered to it).
+    pub pod_mac: [u8; 6],
+    /// The MAC the pod's gateway has (source of what is delivered to it).
+    pub gw_mac: [u8; 6],
 }
 
 /// Where packets to one remote subnet go: the remote node's VTEP.
@@ -45,8 +74,15 @@ pub struct Vtep {
     pub addr_be: u32,
     /// The remote node's VTEP MAC (inner destination MAC).
     pub mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// Bit flags, see `VTEP_F_*`.
+    pub flags: u8,
+    pub _pad: u8,
 }
+
+/// `Vtep::flags`: the remote node is on the uplink's own subnet and is sent
+/// its pods' packets as they are, without encapsulation (flannel's
+/// `DirectRouting`). The zero byte older agents wrote means "encapsulate".
+pub const VTEP_F_DIRECT: u8 = 1;
 
 /// What the decapsulation side knows of one remote VTEP.
 ///
@@ -88,6 +124,19 @@ pub struct DataplaneConfig {
 /// programs pass everything.
 pub const CONFIG_F_READY: u32 = 1;
 
+/// Host routing: pods' packets to remote pods are encapsulated at their
+/// veth and sent to the uplink, decapsulated packets for local pods go
+/// straight into them; everything else takes the host stack.
+pub const CONFIG_F_BYPASS: u32 = 2;
+
+/// With host routing, only flows conntrack holds as confirmed and not NATed
+/// bypass the host stack (`--host-routing auto`).
+pub const CONFIG_F_CT_GATE: u32 = 4;
+
+/// XDP's mark on a frame it decapsulated (in the frame's metadata), for the
+/// TC program that delivers it after GRO.
+pub const XDP_DECAP_MARK: u32 = 0x5745_4654;
+
 /// One counter: packets and bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -120,10 +169,26 @@ pub enum Reason {
     DropTooBig = 8,
     /// A helper failed (no room, redirect refused).
     DropError = 9,
+    /// Decap: a VXLAN packet that arrived as IP fragments (the first
+    /// fragment is counted; the rest never reassemble).
+    DropFragment = 10,
+    /// Decap: the outer header says congestion (CE) but the inner packet is
+    /// not ECN-capable (RFC 6040: drop).
+    DropEcn = 11,
+    /// Host routing: encapsulated at a pod's veth and sent to the uplink.
+    EncapBypass = 12,
+    /// Host routing: decapsulated and delivered straight into a local pod.
+    DecapBypass = 13,
+    /// Host routing, DirectRouting: sent as is (no encapsulation) straight
+    /// to a peer on the uplink's own subnet.
+    DirectTx = 14,
+    /// Host routing, DirectRouting: arrived unencapsulated from a peer on
+    /// the uplink's own subnet and delivered straight into a local pod.
+    DirectRx = 15,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 10;
+    pub const COUNT: u32 = 16;
 
     pub const ALL: [Reason; Reason::COUNT as usize] = [
         Reason::Encapsulated,
@@ -136,6 +201,12 @@ impl Reason {
         Reason::DropSpoofed,
         Reason::DropTooBig,
         Reason::DropError,
+        Reason::DropFragment,
+        Reason::DropEcn,
+        Reason::EncapBypass,
+        Reason::DecapBypass,
+        Reason::DirectTx,
+        Reason::DirectRx,
     ];
 
     /// The name used in metrics and `weft status`.
@@ -151,21 +222,45 @@ impl Reason {
             Reason::DropSpoofed => "drop_spoofed",
             Reason::DropTooBig => "drop_too_big",
             Reason::DropError => "drop_error",
+            Reason::DropFragment => "drop_fragment",
+            Reason::DropEcn => "drop_ecn",
+            Reason::EncapBypass => "encap_bypass",
+            Reason::DecapBypass => "decap_bypass",
+            Reason::DirectTx => "direct_tx",
+            Reason::DirectRx => "direct_rx",
         }
     }
 
     pub const fn is_drop(self) -> bool {
-        (self as u32) >= (Reason::DropNoRoute as u32)
+        matches!(
+            self,
+            Reason::DropNoRoute
+                | Reason::DropMalformed
+                | Reason::DropWrongVni
+                | Reason::DropUnknownVtep
+                | Reason::DropSpoofed
+                | Reason::DropTooBig
+                | Reason::DropError
+                | Reason::DropFragment
+                | Reason::DropEcn
+        )
     }
 }
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all of these are #[repr(C)], Copy, and every bit pattern is valid.
+    // SAFETY: #[repr(C)], Copy, no implicit padding (checked by the layout
+    // test), and every bit pattern is a valid value; the same holds for the
+    // three below.
     unsafe impl aya::Pod for super::Vtep {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::VtepInfo {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::DataplaneConfig {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::Counter {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Endpoint {}
 }
 
 #[cfg(test)]
@@ -179,6 +274,7 @@ mod tests {
         assert_eq!(size_of::<VtepInfo>(), 4);
         assert_eq!(size_of::<DataplaneConfig>(), 36);
         assert_eq!(size_of::<Counter>(), 16);
+        assert_eq!(size_of::<Endpoint>(), 16);
     }
 
     #[test]
@@ -191,5 +287,7 @@ mod tests {
         }
         assert!(!Reason::Passed.is_drop());
         assert!(Reason::DropNoRoute.is_drop());
+        assert!(Reason::DropEcn.is_drop());
+        assert!(!Reason::DecapBypass.is_drop());
     }
 }

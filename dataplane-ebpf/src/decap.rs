@@ -1,4 +1,4 @@
-//! Decapsulation: which packets are ours, and whether they may pass.
+//! Decapsulation: which frames are ours, and whether they may pass.
 //!
 //! Shared by the XDP program and its TC fallback: both see the outer
 //! Ethernet frame at `data` and only differ in how they strip the headers.
@@ -8,100 +8,131 @@ use dataplane_common::{DataplaneConfig, Reason};
 
 use crate::{
     headers::{
-        ETH_LEN, ETH_P_IP, EthHdr, IPPROTO_UDP, IPV4_LEN, Ipv4Hdr, UDP_LEN, UdpHdr, VXLAN_FLAG_VNI,
-        VXLAN_LEN, VxlanHdr,
+        ETH_LEN, ETH_P_IP, EthHdr, INNER_ETH, IPPROTO_UDP, IPV4_LEN, Ipv4Hdr, UDP_LEN,
+        VXLAN_FLAG_VNI, VxlanHdr, csum_replace,
     },
     maps::{WEFT_PEERS, WEFT_VTEPS},
+    packet::{read, write},
+    verdict::Dropped,
 };
 
-/// Offset of the inner Ethernet header.
-pub const INNER_ETH: usize = ETH_LEN + IPV4_LEN + UDP_LEN + VXLAN_LEN;
+/// Bytes the classification reads: the outer headers and the inner
+/// Ethernet and IPv4 headers.
+pub(crate) const CLASSIFY_LEN: usize = INNER_ETH + ETH_LEN + IPV4_LEN;
 
-/// What to do with a frame.
-pub enum Verdict {
-    /// Not overlay traffic for us: let it through untouched.
-    Pass,
-    /// Our VXLAN, from a known peer, carrying a packet of that peer's
-    /// subnet: strip the outer headers.
-    Decap,
-    /// Our VXLAN, refused.
-    Drop(Reason),
+/// A frame to decapsulate.
+#[derive(Clone, Copy)]
+pub(crate) struct Decap {
+    /// The outer header carried a congestion mark (CE) for an ECN-capable
+    /// inner packet: the inner packet gets it too (RFC 6040).
+    pub(crate) set_ce: bool,
 }
 
-#[inline(always)]
-fn ptr_at<T>(data: usize, end: usize, off: usize) -> Option<*const T> {
-    if data + off + core::mem::size_of::<T>() > end {
-        return None;
-    }
-    Some((data + off) as *const T)
-}
+const ECN_MASK: u8 = 0x03;
+const ECN_NOT_ECT: u8 = 0x00;
+const ECN_CE: u8 = 0x03;
 
+/// Classifies the frame at `[data, end)`: `Ok(None)` when it is not overlay
+/// traffic for us (pass it on untouched), `Ok(Some(_))` when it is our
+/// VXLAN from a known peer carrying a packet of that peer's subnet (or the
+/// peer's own address: strip the outer headers), `Err` when it is our
+/// VXLAN and refused.
 #[inline(always)]
-pub fn classify(data: usize, end: usize, cfg: &DataplaneConfig) -> Verdict {
+pub(crate) fn classify(
+    data: usize,
+    end: usize,
+    cfg: &DataplaneConfig,
+) -> Result<Option<Decap>, Dropped> {
     // The outer headers: anything that is not UDP to our address and VXLAN
-    // port (unfragmented, no IP options) is not ours.
-    let Some(eth) = ptr_at::<EthHdr>(data, end, 0) else {
-        return Verdict::Pass;
+    // port (no IP options) is not ours.
+    let Some(eth) = read::<EthHdr>(data, end, 0) else {
+        return Ok(None);
     };
-    // SAFETY: bounds checked by ptr_at.
-    if unsafe { (*eth).proto } != ETH_P_IP.to_be() {
-        return Verdict::Pass;
+    if eth.proto != ETH_P_IP.to_be() {
+        return Ok(None);
     }
-    let Some(ip) = ptr_at::<Ipv4Hdr>(data, end, ETH_LEN) else {
-        return Verdict::Pass;
+    let Some(ip) = read::<Ipv4Hdr>(data, end, ETH_LEN) else {
+        return Ok(None);
     };
-    let ip = unsafe { *ip };
     if ip.ver_ihl != 0x45 || ip.proto != IPPROTO_UDP || ip.daddr != cfg.local_addr_be {
-        return Verdict::Pass;
+        return Ok(None);
     }
-    // Fragments (MF set or an offset) cannot be decapsulated one by one.
-    if u16::from_be(ip.frag_off) & 0x3fff != 0 {
-        return Verdict::Pass;
+    let frag = u16::from_be(ip.frag_off);
+    if frag & 0x1fff != 0 {
+        // A later fragment: no UDP header to tell whose it is.
+        return Ok(None);
     }
-    let Some(udp) = ptr_at::<UdpHdr>(data, end, ETH_LEN + IPV4_LEN) else {
-        return Verdict::Pass;
+    let Some(dport) = read::<u16>(data, end, ETH_LEN + IPV4_LEN + 2) else {
+        return Ok(None);
     };
-    if unsafe { (*udp).dest } != cfg.port.to_be() {
-        return Verdict::Pass;
+    if dport != cfg.port.to_be() {
+        return Ok(None);
+    }
+    if frag & 0x2000 != 0 {
+        // The first fragment of a VXLAN packet: fragments cannot be
+        // decapsulated one by one, and there is no socket to reassemble
+        // them for. Counted, so a path with a smaller MTU shows.
+        return Err(Dropped::at(Reason::DropFragment, ip.saddr, ip.daddr));
     }
 
     // From here on it is VXLAN addressed to us.
-    let Some(vx) = ptr_at::<VxlanHdr>(data, end, ETH_LEN + IPV4_LEN + UDP_LEN) else {
-        return Verdict::Drop(Reason::DropMalformed);
-    };
-    let vx = unsafe { *vx };
+    let refuse = |r: Reason| Dropped::at(r, ip.saddr, ip.daddr);
+    let vx = read::<VxlanHdr>(data, end, ETH_LEN + IPV4_LEN + UDP_LEN)
+        .ok_or(refuse(Reason::DropMalformed))?;
     if vx.flags & VXLAN_FLAG_VNI == 0 {
-        return Verdict::Drop(Reason::DropMalformed);
+        return Err(refuse(Reason::DropMalformed));
     }
     if u32::from_be(vx.vni_reserved) >> 8 != cfg.vni {
-        return Verdict::Drop(Reason::DropWrongVni);
+        return Err(refuse(Reason::DropWrongVni));
     }
-    let Some(ieth) = ptr_at::<EthHdr>(data, end, INNER_ETH) else {
-        return Verdict::Drop(Reason::DropMalformed);
-    };
-    if unsafe { (*ieth).proto } != ETH_P_IP.to_be() {
-        return Verdict::Drop(Reason::DropMalformed);
+    let ieth = read::<EthHdr>(data, end, INNER_ETH).ok_or(refuse(Reason::DropMalformed))?;
+    if ieth.proto != ETH_P_IP.to_be() {
+        return Err(refuse(Reason::DropMalformed));
     }
-    let Some(iip) = ptr_at::<Ipv4Hdr>(data, end, INNER_ETH + ETH_LEN) else {
-        return Verdict::Drop(Reason::DropMalformed);
-    };
-    let iip = unsafe { *iip };
+    let iip =
+        read::<Ipv4Hdr>(data, end, INNER_ETH + ETH_LEN).ok_or(refuse(Reason::DropMalformed))?;
     if iip.ver_ihl >> 4 != 4 || iip.ver_ihl & 0x0f < 5 {
-        return Verdict::Drop(Reason::DropMalformed);
+        return Err(refuse(Reason::DropMalformed));
+    }
+
+    // ECN (RFC 6040): a congestion mark on the outer header goes to the
+    // inner packet, unless the inner packet is not ECN-capable.
+    let inner_ecn = iip.tos & ECN_MASK;
+    let set_ce = ip.tos & ECN_MASK == ECN_CE && inner_ecn != ECN_CE;
+    if set_ce && inner_ecn == ECN_NOT_ECT {
+        return Err(Dropped::at(Reason::DropEcn, iip.saddr, iip.daddr));
     }
 
     // Anti-spoofing: the inner source must lie in a subnet whose VTEP is the
-    // outer source. One LPM lookup on the happy path.
+    // outer source (one LPM lookup on the happy path), or be that VTEP's
+    // own address (the remote node itself talking to a pod).
     let outer_src = ip.saddr;
-    match WEFT_PEERS.get(Key::new(32, iip.saddr)) {
-        Some(v) if v.addr_be == outer_src => Verdict::Decap,
-        _ => {
-            // SAFETY: a plain hash lookup.
-            if unsafe { WEFT_VTEPS.get(&outer_src) }.is_none() {
-                Verdict::Drop(Reason::DropUnknownVtep)
-            } else {
-                Verdict::Drop(Reason::DropSpoofed)
-            }
-        }
+    if let Some(v) = WEFT_PEERS.get(Key::new(32, iip.saddr))
+        && v.addr_be == outer_src
+    {
+        return Ok(Some(Decap { set_ce }));
     }
+    // SAFETY: a plain hash lookup; the value is not used.
+    if unsafe { WEFT_VTEPS.get(outer_src) }.is_none() {
+        return Err(Dropped::at(Reason::DropUnknownVtep, outer_src, ip.daddr));
+    }
+    if iip.saddr == outer_src {
+        return Ok(Some(Decap { set_ce }));
+    }
+    Err(Dropped::at(Reason::DropSpoofed, iip.saddr, iip.daddr))
+}
+
+/// Marks the (decapsulated) IPv4 packet at `ETH_LEN` as having met
+/// congestion (CE), updating its header checksum (RFC 1624).
+#[inline(always)]
+pub(crate) fn set_ce(data: usize, end: usize) -> bool {
+    let Some(first) = read::<[u8; 2]>(data, end, ETH_LEN) else {
+        return false;
+    };
+    let Some(csum) = read::<u16>(data, end, ETH_LEN + 10) else {
+        return false;
+    };
+    let new = [first[0], first[1] | ECN_CE];
+    let csum = csum_replace(csum, u16::from_ne_bytes(first), u16::from_ne_bytes(new));
+    write(data, end, ETH_LEN, new) && write(data, end, ETH_LEN + 10, csum)
 }

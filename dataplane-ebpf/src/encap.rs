@@ -17,20 +17,23 @@
 use aya_ebpf::{
     bindings::{
         BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L4_UDP,
-        BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_OK, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_OK, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_redir_neigh,
+        bpf_redir_neigh__bindgen_ty_1,
     },
     helpers::generated::{bpf_get_hash_recalc, bpf_get_prandom_u32, bpf_redirect_neigh},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
-use dataplane_common::Reason;
+use dataplane_common::{DataplaneConfig, Reason, Vtep};
 
 use crate::{
     headers::{
         ENCAP_LEN, ETH_LEN, ETH_P_IP, EncapHdr, EthHdr, IPPROTO_UDP, IPV4_LEN, Ipv4Hdr, UdpHdr,
         VXLAN_FLAG_VNI, VxlanHdr, ipv4_csum,
     },
-    maps::{WEFT_PEERS, config, count},
+    maps::WEFT_PEERS,
+    packet::{linear, read, write},
+    verdict::{Done, Dropped},
 };
 
 /// `BPF_F_ADJ_ROOM_ENCAP_L2(len)`: the inner L2 header length.
@@ -48,69 +51,101 @@ const ENCAP_FLAGS: u64 = BPF_F_ADJ_ROOM_FIXED_GSO as u64
 const SPORT_MIN: u32 = 32768;
 const SPORT_MAX: u32 = 60999;
 
+/// Encapsulation on the overlay device: the host stack routed the packet
+/// here (a pod's packet on the legacy path, or the node's own).
 #[inline(always)]
-pub fn encap(ctx: &TcContext) -> i32 {
-    let Some(cfg) = config() else {
-        count(Reason::DropError, ctx.len());
-        return TC_ACT_SHOT;
-    };
-    let mut data = ctx.data();
-    let mut end = ctx.data_end();
-    if data + ETH_LEN + IPV4_LEN > end {
-        // Headers not in the linear part: pull them in.
-        if ctx.pull_data((ETH_LEN + IPV4_LEN) as u32).is_err() {
-            count(Reason::DropMalformed, ctx.len());
-            return TC_ACT_SHOT;
-        }
-        data = ctx.data();
-        end = ctx.data_end();
-        if data + ETH_LEN + IPV4_LEN > end {
-            count(Reason::DropMalformed, ctx.len());
-            return TC_ACT_SHOT;
-        }
-    }
-    // SAFETY: bounds checked above.
-    let eth = unsafe { *(data as *const EthHdr) };
+pub(crate) fn encap(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dropped> {
+    let (data, end) = linear(ctx, ETH_LEN + IPV4_LEN)?;
+    let eth = read::<EthHdr>(data, end, 0).ok_or(Reason::DropMalformed)?;
     if eth.proto != ETH_P_IP.to_be() {
         // The overlay device carries IPv4 only; the device itself drops it.
-        count(Reason::Passed, ctx.len());
-        return TC_ACT_OK;
+        return Ok(Done {
+            action: TC_ACT_OK,
+            reason: Reason::Passed,
+            bytes: ctx.len(),
+        });
     }
-    let inner = unsafe { *((data + ETH_LEN) as *const Ipv4Hdr) };
-    let Some(vtep) = WEFT_PEERS.get(Key::new(32, inner.daddr)) else {
-        count(Reason::DropNoRoute, ctx.len());
-        return TC_ACT_SHOT;
-    };
-    let vtep = *vtep;
-
+    let inner = read::<Ipv4Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
+    let drop = |r: Reason| Dropped::at(r, inner.saddr, inner.daddr);
+    let vtep = *WEFT_PEERS
+        .get(Key::new(32, inner.daddr))
+        .ok_or(drop(Reason::DropNoRoute))?;
     let len = ctx.len();
-    // SAFETY: reading the context's own fields.
-    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
-    if gso_size == 0 && len - ETH_LEN as u32 + ENCAP_LEN as u32 > cfg.uplink_mtu {
-        count(Reason::DropTooBig, len);
-        return TC_ACT_SHOT;
+    if too_big(ctx, cfg, len) {
+        return Err(drop(Reason::DropTooBig));
     }
+    let new_len = encapsulate(ctx, cfg, &inner, &vtep).map_err(drop)?;
+    Ok(Done {
+        action: redirect_to_uplink(cfg),
+        reason: Reason::Encapsulated,
+        bytes: new_len,
+    })
+}
 
+/// Whether an encapsulated `len`-byte frame could not leave: a packet that
+/// is not GSO and would exceed the uplink MTU, or one whose outer IPv4
+/// length would not fit in 16 bits (BIG TCP aggregates).
+#[inline(always)]
+pub(crate) fn too_big(ctx: &TcContext, cfg: &DataplaneConfig, len: u32) -> bool {
+    // SAFETY: reading a field of the context's own sk_buff.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    let outer_ip_len = len - ETH_LEN as u32 + ENCAP_LEN as u32;
+    outer_ip_len > u16::MAX as u32 || gso_size == 0 && outer_ip_len > cfg.uplink_mtu
+}
+
+/// Redirects the encapsulated frame to the uplink. The outer Ethernet
+/// addresses come from the neighbour entry of the route to the remote VTEP.
+#[inline(always)]
+pub(crate) fn redirect_to_uplink(cfg: &DataplaneConfig) -> i32 {
+    // SAFETY: a helper with no pointer arguments besides a null parameter
+    // block, which it accepts.
+    unsafe { bpf_redirect_neigh(cfg.uplink_ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+}
+
+/// DirectRouting: redirects the frame, as it is, to the uplink toward the
+/// peer's public IP `nh_be` (network order); the neighbour table gives the
+/// Ethernet addresses, as for an encapsulated frame.
+#[inline(always)]
+pub(crate) fn redirect_direct(cfg: &DataplaneConfig, nh_be: u32) -> i32 {
+    let mut params = bpf_redir_neigh {
+        nh_family: AF_INET,
+        __bindgen_anon_1: bpf_redir_neigh__bindgen_ty_1 { ipv4_nh: nh_be },
+    };
+    // SAFETY: the parameter block is a valid, initialised bpf_redir_neigh
+    // on this program's stack, passed with its size.
+    unsafe {
+        bpf_redirect_neigh(
+            cfg.uplink_ifindex,
+            &mut params,
+            core::mem::size_of::<bpf_redir_neigh>() as i32,
+            0,
+        ) as i32
+    }
+}
+
+/// `AF_INET`.
+const AF_INET: u32 = 2;
+
+/// Puts the outer headers for `vtep` in front of the frame (whose IPv4
+/// header is `inner`); returns the new length. The frame is unchanged when
+/// this fails (no room, or an skb that is already encapsulated).
+#[inline(always)]
+pub(crate) fn encapsulate(
+    ctx: &TcContext,
+    cfg: &DataplaneConfig,
+    inner: &Ipv4Hdr,
+    vtep: &Vtep,
+) -> Result<u32, Reason> {
+    let len = ctx.len();
     // The source port spreads receivers' load by inner flow, as the kernel does.
+    // SAFETY: the helper only reads the context's sk_buff.
     let hash = unsafe { bpf_get_hash_recalc(ctx.skb.skb) };
     let hash = hash ^ (hash << 16);
     let sport = (((hash as u64) * (SPORT_MAX - SPORT_MIN) as u64) >> 32) as u32 + SPORT_MIN;
 
-    if ctx
-        .adjust_room(ENCAP_LEN as i32, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS)
-        .is_err()
-    {
-        count(Reason::DropError, len);
-        return TC_ACT_SHOT;
-    }
+    ctx.adjust_room(ENCAP_LEN as i32, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS)
+        .map_err(|_| Reason::DropError)?;
     let new_len = len + ENCAP_LEN as u32;
-    let data = ctx.data();
-    let end = ctx.data_end();
-    if data + ETH_LEN + ENCAP_LEN > end {
-        count(Reason::DropError, new_len);
-        return TC_ACT_SHOT;
-    }
-
     let ip_len = (new_len - ETH_LEN as u32) as u16;
     let mut hdr = EncapHdr {
         ip: Ipv4Hdr {
@@ -118,6 +153,7 @@ pub fn encap(ctx: &TcContext) -> i32 {
             // Outer ECN follows the inner packet (RFC 6040 normal mode).
             tos: inner.tos & 0x03,
             tot_len: ip_len.to_be(),
+            // SAFETY: a helper without arguments.
             id: (unsafe { bpf_get_prandom_u32() } as u16).to_be(),
             frag_off: 0,
             ttl: 64,
@@ -143,15 +179,10 @@ pub fn encap(ctx: &TcContext) -> i32 {
             proto: ETH_P_IP.to_be(),
         },
     };
-    hdr.ip.csum = ipv4_csum(&hdr.ip);
-    // SAFETY: bounds checked above; packed types have alignment 1.
-    unsafe {
-        let outer = data as *mut EthHdr;
-        (*outer).proto = ETH_P_IP.to_be();
-        core::ptr::write_unaligned((data + ETH_LEN) as *mut EncapHdr, hdr);
+    hdr.ip.csum = ipv4_csum(hdr.ip);
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if !(write(data, end, 12, ETH_P_IP.to_be()) && write(data, end, ETH_LEN, hdr)) {
+        return Err(Reason::DropError);
     }
-    count(Reason::Encapsulated, new_len);
-    // Outer Ethernet addresses come from the neighbour entry of the route
-    // to the remote VTEP on the uplink.
-    unsafe { bpf_redirect_neigh(cfg.uplink_ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+    Ok(new_len)
 }

@@ -1,34 +1,44 @@
 //! Weft's eBPF programs: VXLAN encapsulation (TC) and decapsulation (XDP,
 //! with a TC fallback), byte-compatible with the kernel's vxlan device.
+//!
+//! Each program is an entry point here that calls one fallible body and
+//! counts its outcome exactly once: a verdict under its reason, or a drop
+//! under the drop's reason (and, with `--trace-drops`, a log record).
 #![no_std]
 #![no_main]
 
+mod bypass;
+mod ct;
 mod decap;
 mod encap;
 mod headers;
 mod maps;
+mod packet;
+mod strip;
+mod trace;
+mod verdict;
 
 use aya_ebpf::{
-    bindings::{
-        BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_OK, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
-        xdp_action,
-    },
-    helpers::generated::bpf_xdp_adjust_head,
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
 use dataplane_common::Reason;
 
 use crate::{
-    decap::{Verdict, classify},
-    headers::{ENCAP_LEN, ETH_LEN, EthHdr},
     maps::{config, count},
+    verdict::{Done, Dropped},
 };
 
 /// Encapsulation: TC egress on the overlay device.
 #[classifier]
-pub fn weft_encap(ctx: TcContext) -> i32 {
-    encap::encap(&ctx)
+fn weft_encap(ctx: TcContext) -> i32 {
+    let len = ctx.len();
+    let r = match config() {
+        Some(cfg) => encap::encap(&ctx, cfg),
+        None => Err(Dropped::from(Reason::DropError)),
+    };
+    finish(&ctx, r, len, TC_ACT_SHOT)
 }
 
 /// Decapsulation: XDP on the uplink.
@@ -36,93 +46,94 @@ pub fn weft_encap(ctx: TcContext) -> i32 {
 /// The decapsulated packet is handed to the stack (XDP_PASS) as if it had
 /// arrived on the uplink, addressed to the uplink's MAC; the kernel then
 /// routes it to the pod bridge. Passing keeps GRO: on the receive path the
-/// inner TCP segments are coalesced again before routing, which redirecting
-/// frame by frame into the bridge would lose (XDP_REDIRECT into a veth also
-/// needs an XDP program on every pod's veth). Measured with
-/// `cargo xtask bench datapath`: see the README.
+/// inner TCP segments are coalesced again before routing.
 #[xdp]
-pub fn weft_decap(ctx: XdpContext) -> u32 {
-    let data = ctx.data();
-    let end = ctx.data_end();
-    let len = (end - data) as u32;
-    let Some(cfg) = config() else {
-        count(Reason::Passed, len);
-        return xdp_action::XDP_PASS;
+fn weft_decap(ctx: XdpContext) -> u32 {
+    let len = (ctx.data_end() - ctx.data()) as u32;
+    let r = match config() {
+        Some(cfg) => strip::xdp(&ctx, cfg),
+        None => Ok(Done {
+            action: xdp_action::XDP_PASS,
+            reason: Reason::Passed,
+            bytes: len,
+        }),
     };
-    match classify(data, end, cfg) {
-        Verdict::Pass => {
-            count(Reason::Passed, len);
-            xdp_action::XDP_PASS
-        }
-        Verdict::Drop(r) => {
-            count(r, len);
-            xdp_action::XDP_DROP
-        }
-        Verdict::Decap => {
-            // SAFETY: the helper checks the new head against the buffer.
-            if unsafe { bpf_xdp_adjust_head(ctx.ctx, ENCAP_LEN as i32) } != 0 {
-                count(Reason::DropError, len);
-                return xdp_action::XDP_DROP;
-            }
-            let data = ctx.data();
-            if data + ETH_LEN > ctx.data_end() {
-                count(Reason::DropError, len);
-                return xdp_action::XDP_DROP;
-            }
-            // The inner frame is addressed to our VTEP MAC; readdress it to
-            // the uplink so the stack takes it as PACKET_HOST.
-            unsafe { (*(data as *mut EthHdr)).dst = cfg.uplink_mac };
-            count(Reason::Decapsulated, len - ENCAP_LEN as u32);
-            xdp_action::XDP_PASS
-        }
-    }
+    finish(&ctx, r, len, xdp_action::XDP_DROP)
 }
 
 /// Decapsulation fallback: TC ingress on the uplink, for when XDP cannot be
 /// attached (`--xdp-mode off`).
 #[classifier]
-pub fn weft_decap_tc(ctx: TcContext) -> i32 {
+fn weft_decap_tc(ctx: TcContext) -> i32 {
     let len = ctx.len();
+    let r = match config() {
+        Some(cfg) => strip::tc(&ctx, cfg),
+        None => Ok(Done {
+            action: TC_ACT_OK,
+            reason: Reason::Passed,
+            bytes: len,
+        }),
+    };
+    finish(&ctx, r, len, TC_ACT_SHOT)
+}
+
+/// Host routing, transmit: TC ingress on the host side of each pod's veth.
+#[classifier]
+fn weft_from_pod(ctx: TcContext) -> i32 {
+    let len = ctx.len();
+    let r = match config() {
+        Some(cfg) => bypass::from_pod(&ctx, cfg),
+        None => Ok(Done {
+            action: TC_ACT_OK,
+            reason: Reason::Passed,
+            bytes: len,
+        }),
+    };
+    finish(&ctx, r, len, TC_ACT_SHOT)
+}
+
+/// Host routing, receive, after XDP decapsulation: TC ingress on the
+/// uplink, after GRO. Frames XDP decapsulated (it marks them) for a local
+/// pod go straight into the pod, and so do a direct peer's unencapsulated
+/// ones (DirectRouting); the rest pass untouched and uncounted (XDP counted
+/// them).
+#[classifier]
+fn weft_deliver(ctx: TcContext) -> i32 {
     let Some(cfg) = config() else {
-        count(Reason::Passed, len);
         return TC_ACT_OK;
     };
-    let mut data = ctx.data();
-    let mut end = ctx.data_end();
-    let want = (decap::INNER_ETH + ETH_LEN + headers::IPV4_LEN) as u32;
-    if data + want as usize > end && len >= want {
-        if ctx.pull_data(want).is_err() {
-            count(Reason::DropError, len);
-            return TC_ACT_SHOT;
+    let len = ctx.len();
+    let (delivered, reason) = if strip::marked_by_xdp(&ctx) {
+        (bypass::deliver(&ctx, cfg), Reason::DecapBypass)
+    } else {
+        (bypass::deliver_direct(&ctx, cfg), Reason::DirectRx)
+    };
+    match delivered {
+        Some(action) => {
+            count(reason, len);
+            action
         }
-        data = ctx.data();
-        end = ctx.data_end();
+        None => TC_ACT_OK,
     }
-    match classify(data, end, cfg) {
-        Verdict::Pass => {
-            count(Reason::Passed, len);
-            TC_ACT_OK
+}
+
+/// Counts the outcome of a program body once and returns its action.
+#[inline(always)]
+fn finish<C: aya_ebpf::EbpfContext, A>(
+    ctx: &C,
+    r: Result<Done<A>, Dropped>,
+    len: u32,
+    drop: A,
+) -> A {
+    match r {
+        Ok(d) => {
+            count(d.reason, d.bytes);
+            d.action
         }
-        Verdict::Drop(r) => {
-            count(r, len);
-            TC_ACT_SHOT
-        }
-        Verdict::Decap => {
-            // Remove outer IPv4/UDP/VXLAN and the inner Ethernet header; the
-            // outer Ethernet header (already addressed to us) stays.
-            if ctx
-                .adjust_room(
-                    -(ENCAP_LEN as i32),
-                    BPF_ADJ_ROOM_MAC,
-                    BPF_F_ADJ_ROOM_FIXED_GSO as u64,
-                )
-                .is_err()
-            {
-                count(Reason::DropError, len);
-                return TC_ACT_SHOT;
-            }
-            count(Reason::Decapsulated, len - ENCAP_LEN as u32);
-            TC_ACT_OK
+        Err(d) => {
+            count(d.reason, len);
+            trace::dropped(ctx, &d);
+            drop
         }
     }
 }

@@ -5,31 +5,39 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
-use dataplane_common::{Counter, DataplaneConfig, MAX_PEERS, Reason, Vtep, VtepInfo};
+use dataplane_common::{
+    Counter, DataplaneConfig, Endpoint, MAX_ENDPOINTS, MAX_PEERS, Reason, Vtep, VtepInfo,
+};
 
 /// Remote subnet (key data: IPv4 address, network order) -> remote VTEP.
 /// Encapsulation looks up the inner destination; decapsulation looks up the
 /// inner source to check it belongs to the VTEP that sent it.
 #[map]
-pub static WEFT_PEERS: LpmTrie<u32, Vtep> = LpmTrie::pinned(MAX_PEERS, 0);
+pub(crate) static WEFT_PEERS: LpmTrie<u32, Vtep> = LpmTrie::pinned(MAX_PEERS, 0);
 
 /// Known remote VTEP addresses (network order), to tell an unknown sender
 /// from a spoofed inner source.
 #[map]
-pub static WEFT_VTEPS: HashMap<u32, VtepInfo> = HashMap::pinned(MAX_PEERS, 0);
+pub(crate) static WEFT_VTEPS: HashMap<u32, VtepInfo> = HashMap::pinned(MAX_PEERS, 0);
+
+/// Pods on this node (IPv4 address, network order) that host routing
+/// delivers to directly.
+#[map]
+pub(crate) static WEFT_ENDPOINTS: HashMap<u32, Endpoint> = HashMap::pinned(MAX_ENDPOINTS, 0);
 
 /// This node's settings: one entry.
 #[map]
-pub static WEFT_CONFIG: Array<DataplaneConfig> = Array::pinned(1, 0);
+pub(crate) static WEFT_CONFIG: Array<DataplaneConfig> = Array::pinned(1, 0);
 
 /// Packets and bytes by outcome, per CPU.
 #[map]
-pub static WEFT_COUNTERS: PerCpuArray<Counter> = PerCpuArray::pinned(Reason::COUNT, 0);
+pub(crate) static WEFT_COUNTERS: PerCpuArray<Counter> = PerCpuArray::pinned(Reason::COUNT, 0);
 
 #[inline(always)]
-pub fn count(reason: Reason, bytes: u32) {
+pub(crate) fn count(reason: Reason, bytes: u32) {
     if let Some(c) = WEFT_COUNTERS.get_ptr_mut(reason as u32) {
-        // SAFETY: a per-CPU slot; only this CPU writes it while we run.
+        // SAFETY: a valid pointer into this CPU's slot of a per-CPU map;
+        // nothing else writes it while this program runs on this CPU.
         unsafe {
             (*c).packets += 1;
             (*c).bytes += bytes as u64;
@@ -38,7 +46,7 @@ pub fn count(reason: Reason, bytes: u32) {
 }
 
 #[inline(always)]
-pub fn config() -> Option<&'static DataplaneConfig> {
+pub(crate) fn config() -> Option<&'static DataplaneConfig> {
     WEFT_CONFIG
         .get(0)
         .filter(|c| c.flags & dataplane_common::CONFIG_F_READY != 0)

@@ -1,0 +1,134 @@
+//! The conntrack gate of `--host-routing auto`: a flow bypasses the host
+//! stack only once the stack has let it through, and only if nothing in
+//! netfilter rewrites it.
+//!
+//! The first packets of every flow take the host stack, so netfilter
+//! decides (a FORWARD rule that drops them keeps dropping them: their
+//! conntrack entry is never confirmed). Once conntrack holds a confirmed
+//! entry without NAT, the flow's packets bypass the stack. Flows with NAT
+//! (a Service's DNAT, a hostPort) always take the stack, so their replies
+//! are translated back. When a TCP flow ends (FIN or RST bypassing the
+//! stack), its entry's timeout is cut short so conntrack forgets it soon,
+//! as it would have had it seen the end.
+//!
+//! conntrack is reached through the kernel's kfuncs `bpf_skb_ct_lookup`,
+//! `bpf_ct_release` and `bpf_ct_change_timeout` (Linux 6.0); the agent
+//! resolves the calls against the kernel's BTF when it loads the programs.
+
+use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
+
+use crate::headers::Ipv4Hdr;
+
+/// `struct bpf_sock_tuple` for IPv4 (the kernel's is a union; 12 bytes).
+#[repr(C)]
+struct SockTupleV4 {
+    saddr: u32,
+    daddr: u32,
+    sport: u16,
+    dport: u16,
+}
+
+/// `struct bpf_ct_opts` (16 bytes since Linux 6.1).
+#[repr(C)]
+struct CtOpts {
+    netns_id: i32,
+    error: i32,
+    l4proto: u8,
+    dir: u8,
+    ct_zone_id: u16,
+    ct_zone_dir: u8,
+    reserved: [u8; 3],
+}
+
+/// `struct nf_conn`, only ever behind a pointer.
+#[repr(C)]
+struct NfConn {
+    _opaque: [u8; 0],
+}
+
+unsafe extern "C" {
+    fn bpf_skb_ct_lookup(
+        skb: *mut __sk_buff,
+        tuple: *mut SockTupleV4,
+        tuple_len: u32,
+        opts: *mut CtOpts,
+        opts_len: u32,
+    ) -> *mut NfConn;
+    fn bpf_ct_release(ct: *mut NfConn);
+    fn bpf_ct_change_timeout(ct: *mut NfConn, timeout: u32) -> i32;
+}
+
+/// Byte offset of `status` in this kernel's `struct nf_conn`, set by the
+/// agent from the kernel's BTF when it loads the programs (a constant of
+/// the loaded object, so the verifier sees a fixed field access).
+#[unsafe(no_mangle)]
+static NF_CONN_STATUS_OFF: u32 = 0;
+
+/// `BPF_F_CURRENT_NETNS`.
+const CURRENT_NETNS: i32 = -1;
+const IPS_CONFIRMED: u64 = 1 << 3;
+/// `IPS_SRC_NAT | IPS_DST_NAT`.
+const IPS_NAT_MASK: u64 = (1 << 4) | (1 << 5);
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+/// How long conntrack keeps a TCP flow once it ended on the fast path (ms).
+const CLOSED_TIMEOUT_MS: u32 = 10_000;
+
+/// Whether the packet (IPv4 header `ip`, its L4 ports and TCP flags) may
+/// bypass the host stack.
+#[inline(always)]
+pub(crate) fn allows(ctx: &TcContext, ip: &Ipv4Hdr, ports: (u16, u16), tcp_flags: u8) -> bool {
+    if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
+        return false;
+    }
+    // A connection being opened is for the stack to see.
+    if ip.proto == IPPROTO_TCP && tcp_flags & TCP_SYN != 0 {
+        return false;
+    }
+    let mut tuple = SockTupleV4 {
+        saddr: ip.saddr,
+        daddr: ip.daddr,
+        sport: ports.0,
+        dport: ports.1,
+    };
+    let mut opts = CtOpts {
+        netns_id: CURRENT_NETNS,
+        error: 0,
+        l4proto: ip.proto,
+        dir: 0,
+        ct_zone_id: 0,
+        ct_zone_dir: 0,
+        reserved: [0; 3],
+    };
+    // SAFETY: the kfunc reads the tuple and writes the options, both on
+    // this stack frame with the sizes given; it returns a referenced
+    // nf_conn or null.
+    let ct = unsafe {
+        bpf_skb_ct_lookup(
+            ctx.skb.skb,
+            &mut tuple,
+            core::mem::size_of::<SockTupleV4>() as u32,
+            &mut opts,
+            core::mem::size_of::<CtOpts>() as u32,
+        )
+    };
+    if ct.is_null() {
+        return false;
+    }
+    // SAFETY: a constant of the loaded object.
+    let off = unsafe { core::ptr::read_volatile(&NF_CONN_STATUS_OFF) } as usize;
+    // SAFETY: ct is a valid nf_conn (checked non-null) and `off` is the
+    // offset of its 8-byte `status` field in this kernel.
+    let status = unsafe { core::ptr::read_volatile((ct as *const u8).add(off) as *const u64) };
+    let ok = status & IPS_CONFIRMED != 0 && status & IPS_NAT_MASK == 0;
+    if ok && ip.proto == IPPROTO_TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        // SAFETY: ct is the referenced entry from the lookup.
+        unsafe { bpf_ct_change_timeout(ct, CLOSED_TIMEOUT_MS) };
+    }
+    // SAFETY: releasing the reference the lookup took, once.
+    unsafe { bpf_ct_release(ct) };
+    ok
+}

@@ -1,0 +1,48 @@
+//! Bounds-checked access to packet bytes: the one place that turns packet
+//! offsets into reads and writes.
+
+use aya_ebpf::programs::TcContext;
+use dataplane_common::Reason;
+
+/// Reads a `T` at `off` bytes into the packet `[data, end)`, or None when
+/// it does not lie entirely inside.
+#[inline(always)]
+pub(crate) fn read<T: Copy>(data: usize, end: usize, off: usize) -> Option<T> {
+    if data + off + core::mem::size_of::<T>() > end {
+        return None;
+    }
+    // SAFETY: the bytes lie inside the packet (checked above), and
+    // read_unaligned has no alignment requirement.
+    Some(unsafe { core::ptr::read_unaligned((data + off) as *const T) })
+}
+
+/// Writes `v` at `off` bytes into the packet, or returns false when it does
+/// not fit.
+#[inline(always)]
+pub(crate) fn write<T: Copy>(data: usize, end: usize, off: usize, v: T) -> bool {
+    if data + off + core::mem::size_of::<T>() > end {
+        return false;
+    }
+    // SAFETY: the bytes lie inside the packet (checked above), the program
+    // may write it (TC and XDP packet data is writable), and write_unaligned
+    // has no alignment requirement.
+    unsafe { core::ptr::write_unaligned((data + off) as *mut T, v) };
+    true
+}
+
+/// The packet's bounds once its first `want` bytes (or all of it, if it is
+/// shorter) are in the linear part, pulling them in if they are not.
+#[inline(always)]
+pub(crate) fn linear(ctx: &TcContext, want: usize) -> Result<(usize, usize), Reason> {
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if data + want <= end {
+        return Ok((data, end));
+    }
+    let n = if (ctx.len() as usize) < want {
+        ctx.len()
+    } else {
+        want as u32
+    };
+    ctx.pull_data(n).map_err(|_| Reason::DropError)?;
+    Ok((ctx.data(), ctx.data_end()))
+}

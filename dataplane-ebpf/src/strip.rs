@@ -1,0 +1,119 @@
+//! Stripping the outer headers of a frame `decap::classify` accepted: in
+//! XDP (move the packet head) and in TC (shrink the room at the MAC layer).
+
+use aya_ebpf::{
+    bindings::{
+        BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_OK, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, xdp_action,
+    },
+    helpers::generated::{bpf_xdp_adjust_head, bpf_xdp_adjust_meta},
+    programs::{TcContext, XdpContext},
+};
+use dataplane_common::{CONFIG_F_BYPASS, DataplaneConfig, Reason, XDP_DECAP_MARK};
+
+use crate::{
+    bypass,
+    decap::{CLASSIFY_LEN, classify, set_ce},
+    headers::{ENCAP_LEN, ETH_LEN, IPV4_LEN},
+    packet::{linear, read, write},
+    verdict::{Done, Dropped},
+};
+
+#[inline(always)]
+pub(crate) fn xdp(ctx: &XdpContext, cfg: &DataplaneConfig) -> Result<Done<u32>, Dropped> {
+    let (data, end) = (ctx.data(), ctx.data_end());
+    let len = (end - data) as u32;
+    let Some(decap) = classify(data, end, cfg)? else {
+        return Ok(Done {
+            action: xdp_action::XDP_PASS,
+            reason: Reason::Passed,
+            bytes: len,
+        });
+    };
+    // SAFETY: the helper checks the new head against the buffer.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, ENCAP_LEN as i32) } != 0 {
+        return Err(Reason::DropError.into());
+    }
+    // The inner frame is addressed to our VTEP MAC; readdress it to the
+    // uplink so the stack takes it as PACKET_HOST.
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if !write(data, end, 0, cfg.uplink_mac) || decap.set_ce && !set_ce(data, end) {
+        return Err(Reason::DropError.into());
+    }
+    if cfg.flags & CONFIG_F_BYPASS != 0 {
+        mark(ctx);
+    }
+    Ok(Done {
+        action: xdp_action::XDP_PASS,
+        reason: Reason::Decapsulated,
+        bytes: len - ENCAP_LEN as u32,
+    })
+}
+
+#[inline(always)]
+pub(crate) fn tc(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dropped> {
+    let len = ctx.len();
+    let (data, end) = linear(ctx, CLASSIFY_LEN)?;
+    let Some(decap) = classify(data, end, cfg)? else {
+        // Not VXLAN: a direct peer's pod may be sending to one of ours.
+        if let Some(action) = bypass::deliver_direct(ctx, cfg) {
+            return Ok(Done {
+                action,
+                reason: Reason::DirectRx,
+                bytes: len,
+            });
+        }
+        return Ok(Done {
+            action: TC_ACT_OK,
+            reason: Reason::Passed,
+            bytes: len,
+        });
+    };
+    // Remove outer IPv4/UDP/VXLAN and the inner Ethernet header; the outer
+    // Ethernet header (already addressed to us) stays.
+    ctx.adjust_room(
+        -(ENCAP_LEN as i32),
+        BPF_ADJ_ROOM_MAC,
+        BPF_F_ADJ_ROOM_FIXED_GSO as u64,
+    )
+    .map_err(|_| Dropped::from(Reason::DropError))?;
+    if decap.set_ce {
+        let (data, end) = linear(ctx, ETH_LEN + IPV4_LEN)?;
+        if !set_ce(data, end) {
+            return Err(Reason::DropError.into());
+        }
+    }
+    if let Some(action) = bypass::deliver(ctx, cfg) {
+        return Ok(Done {
+            action,
+            reason: Reason::DecapBypass,
+            bytes: len - ENCAP_LEN as u32,
+        });
+    }
+    Ok(Done {
+        action: TC_ACT_OK,
+        reason: Reason::Decapsulated,
+        bytes: len - ENCAP_LEN as u32,
+    })
+}
+
+/// Marks a frame XDP decapsulated, in its metadata, for `weft_deliver`.
+/// A driver without metadata support leaves it unmarked: it takes the
+/// host stack.
+#[inline(always)]
+fn mark(ctx: &XdpContext) {
+    // SAFETY: the helper checks the new metadata start against the buffer.
+    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -4) } != 0 {
+        return;
+    }
+    // SAFETY: reading the context's own metadata pointer.
+    let meta = unsafe { (*ctx.ctx).data_meta } as usize;
+    write(meta, ctx.data(), 0, XDP_DECAP_MARK);
+}
+
+/// Whether XDP marked this frame as decapsulated.
+#[inline(always)]
+pub(crate) fn marked_by_xdp(ctx: &TcContext) -> bool {
+    // SAFETY: reading the context's own metadata pointer.
+    let meta = unsafe { (*ctx.skb.skb).data_meta } as usize;
+    read::<u32>(meta, ctx.data(), 0) == Some(XDP_DECAP_MARK)
+}
