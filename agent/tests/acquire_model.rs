@@ -8,12 +8,25 @@
 //! deletions, and writes whose outcome is lost (applied or not) as with a
 //! timeout. Shrinking then finds the smallest failing schedule.
 //!
-//! Checked on every write, and after every acquisition:
-//! - no write ever modifies or deletes a key whose value does not name the
-//!   writer (the flannel #1289 class of bug);
+//! The oracle of ownership is independent of the code under test: the
+//! model remembers who *created* each key (an agent, or the operator's
+//! reservation for a PublicIP, or junk an operator wrote) and forgets it when
+//! the key is deleted or expires; it never reads lease values to decide.
+//!
+//! Checked on every write, after every acquisition and after every step:
+//! - no write ever modifies or deletes a key another agent created (the
+//!   flannel #1289 class of bug), and only the node a reservation is for
+//!   may write it;
 //! - an acquisition only returns a key that exists, carries the returned etcd
-//!   lease and create revision, and names the agent;
+//!   lease and create revision, is the agent's own, and whose subnet
+//!   overlaps no other key inside the network;
+//! - at every step, no two agents that still hold their key hold
+//!   overlapping subnets;
 //! - once all agents are done, no node has two live keys.
+//!
+//! Faults: expiring time, pauses, crashes with stale subnet files, operator
+//! deletions, transactions whose outcome is lost (applied or not), and
+//! failing `list` and `grant` calls (a failed grant may have been applied).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -29,10 +42,8 @@ use proptest::prelude::*;
 use rand::SeedableRng as _;
 use weft::{
     lease::{
-        acquire::{AcquireError, AcquireRequest, AcquireStats, HeldLease, Identity, acquire},
-        attrs::LeaseAttrs,
-        config::NetworkConfig,
-        store::{Compare, KeyValue, Listing, Op, Store, StoreError, TxnOutcome},
+        AcquireError, AcquireRequest, AcquireStats, Compare, HeldLease, Identity, KeyValue,
+        LeaseAttrs, Listing, NetworkConfig, Op, Store, StoreError, TxnOutcome, acquire, parse_key,
     },
     mac::MacAddr,
 };
@@ -40,16 +51,38 @@ use weft::{
 const PREFIX: &str = "/n/subnets/";
 const TTL: i64 = 10;
 
+/// Who created a key: the oracle's view, kept from the writes themselves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Owner {
+    Agent(String),
+    /// An operator's reservation for this PublicIP.
+    Reservation(Ipv4Addr),
+    /// A key an operator wrote that no agent may ever take.
+    Foreign,
+}
+
+/// A failure injected into an agent's next call of one kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// The next transaction times out; `true`: it was applied anyway.
+    Txn(bool),
+    /// The next list fails.
+    List,
+    /// The next grant times out; `true`: the lease was granted anyway.
+    Grant(bool),
+}
+
 #[derive(Default)]
 struct World {
     rev: i64,
     now: i64,
     kvs: BTreeMap<String, KeyValue>,
+    owners: HashMap<String, Owner>,
     /// lease id -> expiry time
     leases: HashMap<i64, i64>,
     next_lease: i64,
-    /// Per agent: make its next transaction fail, applied or not.
-    faults: HashMap<usize, bool>,
+    /// Per agent: faults to inject, by kind of call.
+    faults: HashMap<usize, Vec<Fault>>,
 }
 
 impl World {
@@ -73,6 +106,7 @@ impl World {
                 self.rev += 1;
                 for k in keys {
                     self.kvs.remove(&k);
+                    self.owners.remove(&k);
                 }
             }
         }
@@ -101,22 +135,32 @@ impl Future for YieldOnce {
     }
 }
 
-/// May `writer` rewrite or delete a key holding `old`? Only if the value
-/// names it, or is a reservation/flannel lease for its PublicIP.
-fn may_write(writer: &Identity, old: &KeyValue) -> bool {
-    match LeaseAttrs::parse(&old.value) {
-        Ok(a) => {
-            a.public_ip == writer.public_ip
-                && a.node_id.as_deref().is_none_or(|n| n == writer.node_id)
-        }
-        Err(_) => false,
+impl World {
+    /// Takes the fault of this kind queued for `agent`, if any.
+    fn fault(&mut self, agent: usize, kind: fn(&Fault) -> bool) -> Option<Fault> {
+        let q = self.faults.get_mut(&agent)?;
+        let i = q.iter().position(kind)?;
+        Some(q.remove(i))
+    }
+}
+
+/// May `writer` put to the existing `key`? Only if it created it, or it is
+/// a reservation for the writer's PublicIP.
+fn may_put(owners: &HashMap<String, Owner>, writer: &Identity, key: &str) -> bool {
+    match owners.get(key) {
+        Some(Owner::Agent(id)) => *id == writer.node_id,
+        Some(Owner::Reservation(ip)) => *ip == writer.public_ip,
+        Some(Owner::Foreign) | None => false,
     }
 }
 
 impl Store for MemStore {
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
         YieldOnce(false).await;
-        let w = self.world.lock().unwrap();
+        let mut w = self.world.lock().unwrap();
+        if w.fault(self.agent, |f| *f == Fault::List).is_some() {
+            return Err(StoreError::Unavailable("list timed out".into()));
+        }
         Ok(Listing {
             revision: w.rev,
             kvs: w
@@ -141,8 +185,8 @@ impl Store for MemStore {
     ) -> Result<TxnOutcome, StoreError> {
         YieldOnce(false).await;
         let mut w = self.world.lock().unwrap();
-        let fault = w.faults.remove(&self.agent);
-        if fault == Some(false) {
+        let fault = w.fault(self.agent, |f| matches!(f, Fault::Txn(_)));
+        if fault == Some(Fault::Txn(false)) {
             return Err(StoreError::Unavailable("timeout (not applied)".into()));
         }
         let ok = compares.iter().all(|c| match c {
@@ -169,9 +213,10 @@ impl Store for MemStore {
                         let kv = match w.kvs.get(&key) {
                             Some(old) => {
                                 assert!(
-                                    may_write(&self.me, old),
-                                    "SAFETY: {:?} overwrote {key} holding {}",
+                                    may_put(&w.owners, &self.me, &key),
+                                    "SAFETY: {:?} overwrote {key} (created by {:?}) holding {}",
                                     self.me,
+                                    w.owners.get(&key),
                                     String::from_utf8_lossy(&old.value)
                                 );
                                 KeyValue {
@@ -183,27 +228,32 @@ impl Store for MemStore {
                                     lease,
                                 }
                             }
-                            None => KeyValue {
-                                key: key.clone(),
-                                value,
-                                create_revision: rev,
-                                mod_revision: rev,
-                                version: 1,
-                                lease,
-                            },
+                            None => {
+                                w.owners
+                                    .insert(key.clone(), Owner::Agent(self.me.node_id.clone()));
+                                KeyValue {
+                                    key: key.clone(),
+                                    value,
+                                    create_revision: rev,
+                                    mod_revision: rev,
+                                    version: 1,
+                                    lease,
+                                }
+                            }
                         };
                         w.kvs.insert(key, kv);
                     }
                     Op::Delete { key } => {
-                        if let Some(old) = w.kvs.get(&key) {
-                            let a = LeaseAttrs::parse(&old.value).ok();
-                            assert!(
-                                a.is_some_and(|a| a.names(&self.me.node_id, self.me.public_ip)),
+                        if w.kvs.contains_key(&key) {
+                            assert_eq!(
+                                w.owners.get(&key),
+                                Some(&Owner::Agent(self.me.node_id.clone())),
                                 "SAFETY: {:?} deleted {key}",
                                 self.me
                             );
                         }
                         w.kvs.remove(&key);
+                        w.owners.remove(&key);
                     }
                 }
             }
@@ -225,7 +275,7 @@ impl Store for MemStore {
             revision: w.rev,
             listing,
         };
-        if fault == Some(true) {
+        if fault == Some(Fault::Txn(true)) {
             return Err(StoreError::Unavailable("timeout (applied)".into()));
         }
         Ok(outcome)
@@ -234,10 +284,18 @@ impl Store for MemStore {
     async fn grant(&self, ttl: i64) -> Result<i64, StoreError> {
         YieldOnce(false).await;
         let mut w = self.world.lock().unwrap();
+        let fault = w.fault(self.agent, |f| matches!(f, Fault::Grant(_)));
+        if fault == Some(Fault::Grant(false)) {
+            return Err(StoreError::Unavailable("grant timed out".into()));
+        }
         w.next_lease += 1;
         let id = w.next_lease;
         let exp = w.now + ttl;
         w.leases.insert(id, exp);
+        if fault == Some(Fault::Grant(true)) {
+            // Granted, but the answer was lost: the lease just expires.
+            return Err(StoreError::Unavailable("grant timed out (applied)".into()));
+        }
         Ok(id)
     }
 
@@ -250,7 +308,7 @@ type Outcome = (Result<HeldLease, AcquireError>, AcquireStats, Option<i64>);
 
 struct Node {
     store: MemStore,
-    preferred: Option<weft::lease::subnet::Ipv4Net>,
+    preferred: Option<ipnet::Ipv4Net>,
     running: Option<Pin<Box<dyn Future<Output = Outcome>>>>,
     held: Option<HeldLease>,
     paused: bool,
@@ -287,7 +345,7 @@ fn start(node: &mut Node, cfg: &NetworkConfig) {
 }
 
 /// Polls one agent's acquisition once; checks what it returns.
-fn step(node: &mut Node, world: &Arc<Mutex<World>>) {
+fn step(node: &mut Node, world: &Arc<Mutex<World>>, cfg: &NetworkConfig) {
     let Some(fut) = node.running.as_mut() else {
         return;
     };
@@ -307,10 +365,24 @@ fn step(node: &mut Node, world: &Arc<Mutex<World>>) {
             );
             assert_eq!(kv.lease, held.lease_id, "lease of {}", held.key);
             assert!(
-                LeaseAttrs::parse(&kv.value)
-                    .unwrap()
-                    .names(&node.store.me.node_id, node.store.me.public_ip)
+                may_put(&w.owners, &node.store.me, &held.key),
+                "{:?} acquired {}, created by {:?}",
+                node.store.me,
+                held.key,
+                w.owners.get(&held.key)
             );
+            // Its subnet overlaps no other key inside the network.
+            for (key, _) in w.kvs.iter().filter(|(k, _)| **k != held.key) {
+                let Ok(other) = parse_key(key.strip_prefix(PREFIX).unwrap()) else {
+                    continue;
+                };
+                assert!(
+                    !cfg.network.contains(&other.v4) || !overlaps(&other.v4, &held.subnet),
+                    "{} acquired {} overlapping {key}",
+                    node.store.me.node_id,
+                    held.subnet
+                );
+            }
             node.preferred = Some(held.subnet);
             node.held = Some(held);
         }
@@ -320,8 +392,8 @@ fn step(node: &mut Node, world: &Arc<Mutex<World>>) {
 #[derive(Clone, Debug)]
 enum Action {
     Step(usize),
-    /// The agent's next transaction times out; `bool`: whether it was applied.
-    Fault(usize, bool),
+    /// A fault in one of the agent's next calls.
+    Fault(usize, Fault),
     Tick(i64),
     Pause(usize),
     Resume(usize),
@@ -335,7 +407,9 @@ enum Action {
 fn action(n: usize) -> impl Strategy<Value = Action> {
     prop_oneof![
         10 => (0..n).prop_map(Action::Step),
-        1 => (0..n, any::<bool>()).prop_map(|(a, b)| Action::Fault(a, b)),
+        1 => (0..n, any::<bool>()).prop_map(|(a, b)| Action::Fault(a, Fault::Txn(b))),
+        1 => (0..n).prop_map(|a| Action::Fault(a, Fault::List)),
+        1 => (0..n, any::<bool>()).prop_map(|(a, b)| Action::Fault(a, Fault::Grant(b))),
         2 => (1i64..6).prop_map(Action::Tick),
         1 => (0..n).prop_map(Action::Pause),
         1 => (0..n).prop_map(Action::Resume),
@@ -345,7 +419,60 @@ fn action(n: usize) -> impl Strategy<Value = Action> {
     ]
 }
 
-fn run(n: usize, small: bool, reservation: bool, actions: Vec<Action>) {
+/// Whether two networks share an address (the oracle's own arithmetic).
+fn overlaps(a: &ipnet::Ipv4Net, b: &ipnet::Ipv4Net) -> bool {
+    let (a0, a1) = (u32::from(a.network()), u32::from(a.broadcast()));
+    let (b0, b1) = (u32::from(b.network()), u32::from(b.broadcast()));
+    a0 <= b1 && b0 <= a1
+}
+
+/// Every two agents that still hold their key hold disjoint subnets.
+fn no_two_holders_overlap(nodes: &[Node], world: &Arc<Mutex<World>>) {
+    let w = world.lock().unwrap();
+    let holding: Vec<&HeldLease> = nodes
+        .iter()
+        .filter_map(|n| n.held.as_ref())
+        .filter(|h| {
+            w.kvs
+                .get(&h.key)
+                .is_some_and(|kv| kv.create_revision == h.create_revision && kv.lease == h.lease_id)
+        })
+        .collect();
+    for (i, a) in holding.iter().enumerate() {
+        for b in &holding[i + 1..] {
+            assert!(
+                !overlaps(&a.subnet, &b.subnet),
+                "two holders of overlapping subnets: {} ({}) and {} ({})",
+                a.key,
+                a.subnet,
+                b.key,
+                b.subnet
+            );
+        }
+    }
+}
+
+/// Puts a key no agent may take (the oracle owns it as foreign).
+fn junk(world: &Arc<Mutex<World>>, key: &str, value: &[u8]) {
+    let mut w = world.lock().unwrap();
+    w.rev += 1;
+    let rev = w.rev;
+    let key = format!("{PREFIX}{key}");
+    w.owners.insert(key.clone(), Owner::Foreign);
+    w.kvs.insert(
+        key.clone(),
+        KeyValue {
+            key,
+            value: value.to_vec(),
+            create_revision: rev,
+            mod_revision: rev,
+            version: 1,
+            lease: 0,
+        },
+    );
+}
+
+fn run(n: usize, small: bool, reservation: bool, junk_keys: bool, actions: Vec<Action>) {
     let cfg = NetworkConfig::parse(if small {
         br#"{"Network":"10.9.0.0/28","Backend":{"Type":"vxlan"}}"#
     } else {
@@ -369,6 +496,16 @@ fn run(n: usize, small: bool, reservation: bool, actions: Vec<Action>) {
                 lease: 0,
             },
         );
+        w.owners.insert(
+            format!("{PREFIX}10.9.0.8-30"),
+            Owner::Reservation(Ipv4Addr::new(198, 18, 0, 1)),
+        );
+    }
+    if junk_keys {
+        // A supernet key (as IPv6-only flannel leases have) must not make
+        // every subnet look taken; a /31 inside the network takes its /30.
+        junk(&world, "0.0.0.0-0", br#"{"PublicIP":"198.18.0.9"}"#);
+        junk(&world, "10.9.0.4-31", b"not json");
     }
     // Nodes 0 and 1 are clones: same PublicIP, different node ids.
     let mut nodes: Vec<Node> = (0..n)
@@ -401,10 +538,10 @@ fn run(n: usize, small: bool, reservation: bool, actions: Vec<Action>) {
 
     for a in actions {
         match a {
-            Action::Step(i) if !nodes[i].paused => step(&mut nodes[i], &world),
+            Action::Step(i) if !nodes[i].paused => step(&mut nodes[i], &world, &cfg),
             Action::Step(_) => {}
-            Action::Fault(i, applied) => {
-                world.lock().unwrap().faults.insert(i, applied);
+            Action::Fault(i, f) => {
+                world.lock().unwrap().faults.entry(i).or_default().push(f);
             }
             Action::Tick(dt) => {
                 let mut w = world.lock().unwrap();
@@ -445,9 +582,11 @@ fn run(n: usize, small: bool, reservation: bool, actions: Vec<Action>) {
                 if let Some(key) = w.kvs.keys().nth(k).cloned() {
                     w.rev += 1;
                     w.kvs.remove(&key);
+                    w.owners.remove(&key);
                 }
             }
         }
+        no_two_holders_overlap(&nodes, &world);
     }
 
     // Let everyone finish.
@@ -457,7 +596,7 @@ fn run(n: usize, small: bool, reservation: bool, actions: Vec<Action>) {
             if node.running.is_none() {
                 break;
             }
-            step(node, &world);
+            step(node, &world, &cfg);
         }
         assert!(node.running.is_none(), "an acquisition never finished");
     }
@@ -488,12 +627,13 @@ proptest! {
         n in 2usize..6,
         small in any::<bool>(),
         reservation in any::<bool>(),
+        junk_keys in any::<bool>(),
         actions in prop::collection::vec(action(5), 0..250),
     ) {
         let actions: Vec<Action> = actions
             .into_iter()
             .filter(|a| !matches!(a, Action::Step(i) | Action::Fault(i, _) | Action::Pause(i) | Action::Resume(i) | Action::Crash(i) | Action::Notice(i) if *i >= n))
             .collect();
-        run(n, small, reservation, actions);
+        run(n, small, reservation, junk_keys, actions);
     }
 }

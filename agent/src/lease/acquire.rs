@@ -25,12 +25,15 @@ use std::{collections::HashSet, net::Ipv4Addr, time::Duration};
 use rand::{Rng, seq::IndexedRandom as _};
 use thiserror::Error;
 
+use ipnet::Ipv4Net;
+
 use super::{
     attrs::LeaseAttrs,
     config::NetworkConfig,
+    key::{parse_key, to_key},
     store::{Compare, KeyValue, Listing, Op, Store, StoreError},
-    subnet::Ipv4Net,
 };
+use crate::{backoff::Backoff, net::overlaps};
 
 /// Who we are, as written in our lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,8 +103,11 @@ pub struct AcquireRequest<'a> {
     pub lease_id: Option<i64>,
 }
 
+/// The wait after a lost race: random, up to 10 ms, 20 ms, ... 320 ms.
+const RACE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(320));
+
 /// Lost races before giving up this round (the caller retries later).
-pub const MAX_ATTEMPTS: u32 = 10;
+pub(super) const MAX_ATTEMPTS: u32 = 10;
 
 /// How many of the first free subnets a new subnet is drawn from (flannel
 /// draws from 100; a wider window halves lost races when many nodes start
@@ -140,7 +146,8 @@ fn parse_listing(prefix: &str, listing: &Listing) -> Vec<Entry> {
             subnet: kv
                 .key
                 .strip_prefix(prefix)
-                .and_then(|s| Ipv4Net::from_key(s).ok()),
+                .and_then(|s| parse_key(s).ok())
+                .map(|k| k.v4),
             attrs: LeaseAttrs::parse(&kv.value).ok(),
             kv: kv.clone(),
         })
@@ -150,10 +157,13 @@ fn parse_listing(prefix: &str, listing: &Listing) -> Vec<Entry> {
 /// Whether `e` is a key we may rewrite: it names our node id and PublicIP;
 /// or it is a reservation (no lease) for our PublicIP that names no node or
 /// us; or it is a lease flannel wrote for our PublicIP (no node id), which a
-/// node moving from flannel to Weft takes over.
-fn is_ours(e: &Entry, me: &Identity) -> bool {
+/// node moving from flannel to Weft takes over. Only keys that fit the
+/// config (flannel's `isSubnetConfigCompat`: `SubnetLen`, between
+/// `SubnetMin` and `SubnetMax`) are ever reclaimed.
+fn is_ours(e: &Entry, me: &Identity, cfg: &NetworkConfig) -> bool {
     let Some(a) = &e.attrs else { return false };
-    if a.public_ip != me.public_ip || e.subnet.is_none() {
+    let Some(subnet) = e.subnet else { return false };
+    if a.public_ip != me.public_ip || !cfg.is_assignable(&subnet) {
         return false;
     }
     match &a.node_id {
@@ -169,7 +179,10 @@ fn plan(
     rng: &mut impl Rng,
 ) -> (Plan, Vec<KeyValue>) {
     let value = req.value.to_json().into_bytes();
-    let mut ours: Vec<&Entry> = entries.iter().filter(|e| is_ours(e, req.me)).collect();
+    let mut ours: Vec<&Entry> = entries
+        .iter()
+        .filter(|e| is_ours(e, req.me, req.config))
+        .collect();
     // Preference: an operator's reservation, then the preferred subnet, then
     // the key most recently written.
     ours.sort_by_key(|e| {
@@ -203,20 +216,27 @@ fn plan(
         return (plan, extras);
     }
 
-    // Nothing of ours: every existing key's subnet is taken, whatever its
-    // value (reservations, malformed values and other prefix lengths too).
+    // Nothing of ours: every existing key inside the network takes the
+    // subnets it overlaps, whatever its value (reservations, malformed
+    // values and other prefix lengths too). A key for a network around ours
+    // (a supernet such as 0.0.0.0-0, which IPv6-only flannel leases use) is
+    // not a claim on every subnet.
     let cfg = req.config;
     let mut exact: HashSet<u32> = HashSet::new();
     let mut others: Vec<Ipv4Net> = Vec::new();
     for s in entries.iter().filter_map(|e| e.subnet) {
+        if !cfg.network.contains(&s) {
+            continue;
+        }
         if s.prefix_len() == cfg.subnet_len {
-            exact.insert(s.addr_u32());
+            exact.insert(u32::from(s.network()));
         } else {
             others.push(s);
         }
     }
-    let is_free =
-        |s: &Ipv4Net| !exact.contains(&s.addr_u32()) && !others.iter().any(|o| o.overlaps(s));
+    let is_free = |s: &Ipv4Net| {
+        !exact.contains(&u32::from(s.network())) && !others.iter().any(|o| overlaps(o, s))
+    };
 
     if let Some(p) = req.preferred
         && cfg.is_assignable(&p)
@@ -308,7 +328,7 @@ async fn acquire_inner<S: Store>(
                 Some(kv.create_revision),
             ),
             Plan::Create(subnet) => {
-                let key = format!("{prefix}{}", subnet.to_key());
+                let key = format!("{prefix}{}", to_key(&subnet));
                 (
                     key.clone(),
                     subnet,
@@ -354,14 +374,14 @@ async fn acquire_inner<S: Store>(
                 stats.retries += 1;
                 listing = o.listing.unwrap_or_default();
                 tracing::debug!(%subnet, attempt, "lost the race for a subnet; choosing again");
-                store.pause(backoff(attempt, rng)).await;
+                store.pause(RACE_BACKOFF.jittered(attempt, rng)).await;
             }
             Err(e) => {
                 // The write may have been applied: read again and let the
                 // plan find our key if it was.
                 tracing::warn!(%subnet, error = %e, "lease write outcome unknown; re-reading");
                 stats.retries += 1;
-                store.pause(backoff(attempt, rng)).await;
+                store.pause(RACE_BACKOFF.jittered(attempt, rng)).await;
                 stats.requests += 1;
                 listing = store.list(prefix).await?;
             }
@@ -394,45 +414,6 @@ async fn remove_extras<S: Store>(store: &S, extras: &[KeyValue], stats: &mut Acq
     }
 }
 
-/// Jittered exponential backoff: up to 10 ms, 20 ms, ... capped at 320 ms.
-fn backoff(attempt: u32, rng: &mut (impl Rng + Send)) -> Duration {
-    let cap = 10u64 << attempt.min(5);
-    Duration::from_millis(rng.random_range(0..=cap))
-}
-
-/// Rewrites our lease's value, only while the key still carries our etcd
-/// lease and the create revision we created it with. Returns the new
-/// mod_revision, or None if the key is no longer ours.
-pub async fn update_value<S: Store>(
-    store: &S,
-    held: &HeldLease,
-    value: &LeaseAttrs,
-) -> Result<Option<i64>, StoreError> {
-    let o = store
-        .txn(
-            vec![
-                Compare::Lease(held.key.clone(), held.lease_id),
-                Compare::CreateRevision(held.key.clone(), held.create_revision),
-            ],
-            vec![Op::Put {
-                key: held.key.clone(),
-                value: value.to_json().into_bytes(),
-                lease: held.lease_id,
-            }],
-            None,
-        )
-        .await?;
-    Ok(o.succeeded.then_some(o.revision))
-}
-
-/// Whether the key is still ours: same create revision, same etcd lease.
-pub async fn still_held<S: Store>(store: &S, held: &HeldLease) -> Result<bool, StoreError> {
-    Ok(store
-        .get(&held.key)
-        .await?
-        .is_some_and(|kv| kv.create_revision == held.create_revision && kv.lease == held.lease_id))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,7 +438,7 @@ mod tests {
     fn kv(subnet: &str, v: &LeaseAttrs, lease: i64, rev: i64) -> KeyValue {
         let s: Ipv4Net = subnet.parse().unwrap();
         KeyValue {
-            key: format!("/p/subnets/{}", s.to_key()),
+            key: format!("/p/subnets/{}", to_key(&s)),
             value: v.to_json().into_bytes(),
             create_revision: rev,
             mod_revision: rev,

@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use super::subnet::Ipv4Net;
+use ipnet::Ipv4Net;
 
 /// A config that cannot be used, naming the field at fault.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -36,6 +36,12 @@ pub struct NetworkConfig {
     pub backend_type: String,
     pub vni: u32,
     pub port: u16,
+    /// `Backend.MTU`: the underlay MTU to assume (the overlay's is 50
+    /// less); None: the uplink's.
+    pub mtu: Option<u32>,
+    /// `Backend.DirectRouting`: peers on the uplink's own subnet are sent
+    /// to without encapsulation.
+    pub direct_routing: bool,
     /// Settings Weft accepts but does not act on, to log once.
     pub ignored: Vec<String>,
 }
@@ -67,9 +73,21 @@ impl NetworkConfig {
         }
         let network_str = get_str(obj, "Network")?
             .ok_or_else(|| err("Network", "is missing (e.g. \"10.244.0.0/16\")"))?;
-        let network: Ipv4Net = network_str
-            .parse()
-            .map_err(|e| err("Network", format!("{e}")))?;
+        let network: Ipv4Net = network_str.parse().map_err(|_| {
+            err(
+                "Network",
+                format!("{network_str:?} is not an IPv4 network in CIDR form (like 10.244.0.0/16)"),
+            )
+        })?;
+        if network.trunc() != network {
+            return Err(err(
+                "Network",
+                format!(
+                    "{network} has host bits set; the network address is {}",
+                    network.trunc()
+                ),
+            ));
+        }
 
         let subnet_len = match get_u64(obj, "SubnetLen")? {
             Some(0) | None => {
@@ -102,18 +120,18 @@ impl NetworkConfig {
         let mask = u32::MAX << (32 - subnet_len as u32);
 
         let subnet_min = match get_ip(obj, "SubnetMin")? {
-            None => Ipv4Addr::from(network.addr_u32() + size),
+            None => Ipv4Addr::from(u32::from(network.network()) + size),
             Some(ip) => {
-                if !network.contains(ip) {
+                if !network.contains(&ip) {
                     return Err(err("SubnetMin", format!("{ip} is not inside {network}")));
                 }
                 ip
             }
         };
         let subnet_max = match get_ip(obj, "SubnetMax")? {
-            None => Ipv4Addr::from(u32::from(network.last()) - size + 1),
+            None => Ipv4Addr::from(u32::from(network.broadcast()) - size + 1),
             Some(ip) => {
-                if !network.contains(ip) {
+                if !network.contains(&ip) {
                     return Err(err("SubnetMax", format!("{ip} is not inside {network}")));
                 }
                 ip
@@ -175,20 +193,28 @@ impl NetworkConfig {
                 "VXLAN group-based policy is not supported by Weft",
             ));
         }
-        for (key, what) in [
-            (
-                "DirectRouting",
-                "Weft always encapsulates; peers using direct routing still reach it",
-            ),
-            (
-                "MTU",
-                "Weft derives the overlay MTU from the uplink (uplink MTU - 50)",
-            ),
-            (
-                "Learning",
-                "Weft programs its peers from etcd; learning does not apply",
-            ),
-        ] {
+        let mtu = match get_u64(&backend, "MTU").map_err(|e| err("Backend.MTU", e.reason))? {
+            None | Some(0) => None,
+            Some(m) if m > (dataplane_common::VXLAN_OVERHEAD + 68) as u64 && m <= 65_535 => {
+                Some(m as u32)
+            }
+            Some(m) => {
+                return Err(err(
+                    "Backend.MTU",
+                    format!(
+                        "{m} is not a usable underlay MTU (it must leave at least 68 bytes after VXLAN's {} and be at most 65535)",
+                        dataplane_common::VXLAN_OVERHEAD
+                    ),
+                ));
+            }
+        };
+        let direct_routing = get_bool(&backend, "DirectRouting")
+            .map_err(|e| err("Backend.DirectRouting", e.reason))?
+            .unwrap_or(false);
+        for (key, what) in [(
+            "Learning",
+            "Weft programs its peers from etcd; learning does not apply",
+        )] {
             if let Some(v) = backend.get(key)
                 && !matches!(v, Value::Null | Value::Bool(false))
             {
@@ -204,6 +230,8 @@ impl NetworkConfig {
             backend_type,
             vni,
             port,
+            mtu,
+            direct_routing,
             ignored,
         })
     }
@@ -223,13 +251,15 @@ impl NetworkConfig {
         let size = self.subnet_size();
         let min = u32::from(self.subnet_min) as u64;
         (0..self.subnet_count()).map(move |i| {
-            Ipv4Net::containing(Ipv4Addr::from((min + i * size) as u32), self.subnet_len)
+            Ipv4Net::new(Ipv4Addr::from((min + i * size) as u32), self.subnet_len)
+                .expect("subnet_len is at most 30")
         })
     }
 
     /// Whether `subnet` is one this config can hand out.
     pub fn is_assignable(&self, subnet: &Ipv4Net) -> bool {
         subnet.prefix_len() == self.subnet_len
+            && subnet.network() == subnet.addr()
             && u32::from(subnet.addr()) >= u32::from(self.subnet_min)
             && u32::from(subnet.addr()) <= u32::from(self.subnet_max)
     }
@@ -390,10 +420,33 @@ mod tests {
 
     #[test]
     fn unsupported_backend_options_are_reported_not_fatal() {
-        let c =
-            parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"VXLAN","DirectRouting":true}}"#)
-                .unwrap();
+        let c = parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"VXLAN","Learning":true}}"#)
+            .unwrap();
         assert_eq!(c.ignored.len(), 1);
-        assert!(c.ignored[0].starts_with("Backend.DirectRouting=true"));
+        assert!(c.ignored[0].starts_with("Backend.Learning=true"));
+    }
+
+    #[test]
+    fn direct_routing_and_mtu_are_read() {
+        let c = parse(
+            r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","DirectRouting":true,"MTU":9000}}"#,
+        )
+        .unwrap();
+        assert!(c.direct_routing);
+        assert_eq!(c.mtu, Some(9000));
+        assert!(c.ignored.is_empty());
+        let c = parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","MTU":0}}"#).unwrap();
+        assert_eq!((c.mtu, c.direct_routing), (None, false));
+        for bad in [
+            r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","MTU":100}}"#,
+            r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","MTU":70000}}"#,
+            r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","MTU":"1500"}}"#,
+        ] {
+            assert_eq!(parse(bad).unwrap_err().field, "Backend.MTU", "{bad}");
+        }
+        let e =
+            parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","DirectRouting":"yes"}}"#)
+                .unwrap_err();
+        assert_eq!(e.field, "Backend.DirectRouting");
     }
 }

@@ -1,10 +1,16 @@
 //! The etcd client: connection options (endpoints, TLS, auth), and the
 //! [`Store`] implementation the lease protocol runs on.
+//!
+//! As the Kubernetes API server talks to etcd: every request requires the
+//! member to have a leader (a member cut off from its peers answers
+//! "no leader" instead of serving stale reads, and cancels watches), auth
+//! tokens are refreshed when they expire, and prefix reads are paginated at
+//! one revision so no response comes near gRPC's 4 MiB message limit.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
-        Arc,
+        Arc, RwLock,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -31,30 +37,57 @@ pub struct EtcdOptions {
     pub request_timeout: Duration,
 }
 
+/// Where Debian, Fedora and Alpine keep the system's trusted CAs (one PEM
+/// bundle); `SSL_CERT_FILE` overrides.
+const SYSTEM_ROOTS: [&str; 3] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
+/// Prefix reads ask for at most this many keys per response (a lease is
+/// about 200 bytes; values above [`MAX_VALUE_BYTES`] are junk anyway).
+pub(crate) const LIST_PAGE: i64 = 1000;
+
+/// Lease values larger than this are malformed (a real one is ~200 bytes).
+pub(crate) const MAX_VALUE_BYTES: usize = 64 * 1024;
+
 impl EtcdOptions {
-    fn connect_options(&self) -> Result<ConnectOptions> {
+    /// `with_user`: false for the health checker's per-member clients,
+    /// which only ask for status (no auth needed).
+    fn connect_options(&self, with_user: bool) -> Result<ConnectOptions> {
         let mut o = ConnectOptions::new()
             .with_timeout(self.request_timeout)
             .with_connect_timeout(Duration::from_secs(3))
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true);
-        match (&self.username, &self.password) {
-            (Some(u), Some(p)) => o = o.with_user(u.clone(), p.clone()),
-            (Some(_), None) | (None, Some(_)) => {
-                bail!("--etcd-username and --etcd-password must be given together")
-            }
-            (None, None) => {}
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
+        if let (true, Some(u), Some(p)) = (with_user, &self.username, &self.password) {
+            o = o
+                .with_user(u.clone(), p.clone())
+                .with_auto_token_refresh(true);
         }
-        let tls_wanted = self.cafile.is_some()
-            || self.certfile.is_some()
-            || self.endpoints.iter().any(|e| e.starts_with("https://"));
-        if tls_wanted {
+        if self.tls() {
             let mut tls = TlsOptions::new();
-            if let Some(ca) = &self.cafile {
-                let pem = std::fs::read(ca)
-                    .with_context(|| format!("reading --etcd-cafile {}", ca.display()))?;
-                tls = tls.ca_certificate(Certificate::from_pem(pem));
+            let (what, pem) = match &self.cafile {
+                Some(ca) => (
+                    format!("--etcd-cafile {}", ca.display()),
+                    std::fs::read(ca)
+                        .with_context(|| format!("reading --etcd-cafile {}", ca.display()))?,
+                ),
+                None => {
+                    let path = system_roots()?;
+                    (
+                        format!("the system's trusted CAs ({})", path.display()),
+                        std::fs::read(&path)
+                            .with_context(|| format!("reading {}", path.display()))?,
+                    )
+                }
+            };
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                bail!("{what} holds no PEM certificate");
             }
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
             match (&self.certfile, &self.keyfile) {
                 (Some(c), Some(k)) => {
                     let cert = std::fs::read(c)
@@ -71,10 +104,47 @@ impl EtcdOptions {
         Ok(o)
     }
 
-    /// Validates the endpoints (scheme and form) before any connection.
+    /// Whether the endpoints are https:// (all of them, see
+    /// [`EtcdOptions::validate`]).
+    fn tls(&self) -> bool {
+        self.endpoints.iter().any(|e| e.starts_with("https://"))
+    }
+
+    /// Validates the endpoints (scheme and form) and the flags against each
+    /// other, before any connection.
     pub fn validate(&self) -> Result<()> {
         if self.endpoints.is_empty() {
             bail!("--etcd-endpoints is empty");
+        }
+        let https = self
+            .endpoints
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
+        if https != 0 && https != self.endpoints.len() {
+            bail!(
+                "--etcd-endpoints mixes http:// and https:// ({}): use one scheme for every member",
+                self.endpoints.join(",")
+            );
+        }
+        if https == 0 {
+            for (flag, given) in [
+                ("--etcd-cafile", self.cafile.is_some()),
+                ("--etcd-certfile", self.certfile.is_some()),
+                ("--etcd-keyfile", self.keyfile.is_some()),
+            ] {
+                if given {
+                    bail!(
+                        "{flag} is given but the etcd endpoints are http://, which would send it nowhere: use https:// endpoints"
+                    );
+                }
+            }
+        }
+        if self.certfile.is_some() != self.keyfile.is_some() {
+            bail!("--etcd-certfile and --etcd-keyfile must be given together");
+        }
+        if self.username.is_some() != self.password.is_some() {
+            bail!("--etcd-username and --etcd-password must be given together");
         }
         for e in &self.endpoints {
             let rest = e
@@ -91,28 +161,191 @@ impl EtcdOptions {
     }
 }
 
-/// An etcd connection with a count of the requests made through it.
+/// The system's CA bundle.
+fn system_roots() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("SSL_CERT_FILE") {
+        return Ok(PathBuf::from(p));
+    }
+    SYSTEM_ROOTS
+        .iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .map(Path::to_path_buf)
+        .with_context(|| {
+            format!(
+                "https:// endpoints without --etcd-cafile use the system's trusted CAs, and there is no CA bundle here ({}); pass --etcd-cafile",
+                SYSTEM_ROOTS.join(", ")
+            )
+        })
+}
+
+/// Whether an error from connecting means the credentials were refused
+/// (which retrying cannot fix).
+pub(crate) fn is_auth_refused(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::InvalidArgument && s.message().contains("authentication failed"))
+}
+
+/// An etcd connection with a count of the requests made through it. The
+/// client can be replaced ([`EtcdStore::reconnect`]: certificates read
+/// again); clones share it.
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
+    client: Arc<RwLock<Client>>,
+    opts: EtcdOptions,
     requests: Arc<AtomicU64>,
+    /// Bumped on every reconnect, so the watch moves to the new client.
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl EtcdStore {
-    /// Connects (lazily: no request is made until the first operation).
+    /// Connects. Without credentials no request is made until the first
+    /// operation; with them, this authenticates (and fails if etcd cannot
+    /// be reached: see [`EtcdStore::connect_retrying`]).
     pub async fn connect(opts: &EtcdOptions) -> Result<Self> {
         opts.validate()?;
-        let client = Client::connect(&opts.endpoints, Some(opts.connect_options()?))
-            .await
-            .with_context(|| format!("connecting to etcd at {}", opts.endpoints.join(",")))?;
+        let client = connect_client(opts, true).await?;
         Ok(Self {
-            client,
+            client: Arc::new(RwLock::new(client)),
+            opts: opts.clone(),
             requests: Arc::new(AtomicU64::new(0)),
+            generation: Arc::new(tokio::sync::watch::channel(0).0),
         })
     }
 
+    /// Connects, waiting for etcd with backoff while it cannot be reached
+    /// (an agent started before etcd, a TLS file not there yet). Credentials
+    /// etcd refuses are an error at once.
+    pub async fn connect_retrying(opts: &EtcdOptions) -> Result<Self> {
+        opts.validate()?;
+        let mut failures = 0;
+        loop {
+            match Self::connect(opts).await {
+                Ok(s) => return Ok(s),
+                Err(e)
+                    if e.chain().any(|c| {
+                        c.downcast_ref::<etcd_client::Error>()
+                            .is_some_and(is_auth_refused)
+                    }) =>
+                {
+                    return Err(e.context(
+                        "etcd refused --etcd-username/--etcd-password (wrong user or password)",
+                    ));
+                }
+                Err(e) => {
+                    failures += 1;
+                    let wait = crate::backoff::Backoff::RETRY.delay(failures);
+                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot connect to etcd; waiting for it");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// Connects again with the same options, reading the certificate files
+    /// again (on SIGHUP, after they were replaced on disk). In-flight
+    /// requests finish on the old connection; the watch restarts on the new.
+    pub async fn reconnect(&self) -> Result<()> {
+        let c = connect_client(&self.opts, true).await?;
+        *self.client.write().expect("client lock") = c;
+        self.generation.send_modify(|g| *g += 1);
+        Ok(())
+    }
+
     pub fn client(&self) -> Client {
-        self.client.clone()
+        self.client.read().expect("client lock").clone()
+    }
+
+    pub(crate) fn options(&self) -> &EtcdOptions {
+        &self.opts
+    }
+
+    /// Changes whenever the client is replaced.
+    pub(crate) fn generation(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// Connects a client to one member only, without credentials (for its
+    /// status).
+    pub(crate) async fn member_client(&self, endpoint: &str) -> Result<Client> {
+        Client::connect([endpoint], Some(self.opts.connect_options(false)?))
+            .await
+            .with_context(|| format!("connecting to etcd member {endpoint}"))
+    }
+
+    /// Takes a member out of the client's rotation, or puts it back.
+    pub(crate) async fn set_in_rotation(&self, endpoint: &str, on: bool) -> Result<()> {
+        let c = self.client();
+        if on {
+            c.add_endpoint(endpoint).await?;
+        } else {
+            c.remove_endpoint(endpoint).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads `prefix` page by page, all pages at the revision of the first
+    /// (so the result is one consistent read). `first` is a page already
+    /// read (by a transaction), to continue from.
+    async fn list_pages(
+        &self,
+        prefix: &str,
+        mut first: Option<(i64, Vec<KeyValue>, bool)>,
+    ) -> Result<Listing, StoreError> {
+        let end = prefix_end(prefix);
+        let mut kvs = Vec::new();
+        let mut revision = 0;
+        let mut from: Vec<u8> = prefix.as_bytes().to_vec();
+        loop {
+            let (rev, page, more) = match first.take() {
+                Some(p) => p,
+                None => {
+                    self.count();
+                    // Ranges come in key order.
+                    let mut o = GetOptions::new()
+                        .with_range(end.clone())
+                        .with_limit(LIST_PAGE);
+                    if revision > 0 {
+                        o = o.with_revision(revision);
+                    }
+                    let resp = self
+                        .client()
+                        .get(from.clone(), Some(o))
+                        .await
+                        .map_err(store_error)?;
+                    (
+                        resp.header().map(|h| h.revision()).unwrap_or_default(),
+                        resp.kvs().iter().map(to_kv).collect(),
+                        resp.more(),
+                    )
+                }
+            };
+            if revision == 0 {
+                revision = rev;
+            }
+            let last = page.last().map(|kv: &KeyValue| kv.key.clone());
+            kvs.extend(page);
+            match (more, last) {
+                (true, Some(last)) => {
+                    from = last.into_bytes();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
+        Ok(Listing { revision, kvs })
+    }
+
+    /// The seconds left of an etcd lease; None once it has expired.
+    pub async fn ttl(&self, lease_id: i64) -> Result<Option<i64>, StoreError> {
+        self.count();
+        let ttl = self
+            .client()
+            .lease_time_to_live(lease_id, None)
+            .await
+            .map_err(store_error)?
+            .ttl();
+        Ok((ttl >= 0).then_some(ttl))
     }
 
     /// Requests made so far (reads, transactions, grants).
@@ -141,6 +374,24 @@ pub(crate) fn store_error(e: etcd_client::Error) -> StoreError {
     }
 }
 
+/// The end of the range of keys that start with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+async fn connect_client(opts: &EtcdOptions, with_user: bool) -> Result<Client> {
+    Client::connect(&opts.endpoints, Some(opts.connect_options(with_user)?))
+        .await
+        .with_context(|| format!("connecting to etcd at {}", opts.endpoints.join(",")))
+}
+
 pub(crate) fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
     KeyValue {
         key: String::from_utf8_lossy(kv.key()).into_owned(),
@@ -154,27 +405,12 @@ pub(crate) fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
 
 impl Store for EtcdStore {
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
-        self.count();
-        let resp = self
-            .client
-            .clone()
-            .get(prefix, Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(store_error)?;
-        Ok(Listing {
-            revision: resp.header().map(|h| h.revision()).unwrap_or_default(),
-            kvs: resp.kvs().iter().map(to_kv).collect(),
-        })
+        self.list_pages(prefix, None).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         self.count();
-        let resp = self
-            .client
-            .clone()
-            .get(key, None)
-            .await
-            .map_err(store_error)?;
+        let resp = self.client().get(key, None).await.map_err(store_error)?;
         Ok(resp.kvs().first().map(to_kv))
     }
 
@@ -206,23 +442,30 @@ impl Store for EtcdStore {
             .collect();
         let mut txn = Txn::new().when(when).and_then(then);
         if let Some(prefix) = else_list {
+            // The first page only: the rest, if any, is read after at the
+            // same revision.
             txn = txn.or_else(vec![TxnOp::get(
                 prefix,
-                Some(GetOptions::new().with_prefix()),
+                Some(GetOptions::new().with_prefix().with_limit(LIST_PAGE)),
             )]);
         }
-        let resp = self.client.clone().txn(txn).await.map_err(store_error)?;
+        let resp = self.client().txn(txn).await.map_err(store_error)?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
-        let listing = if resp.succeeded() {
+        let first = if resp.succeeded() {
             None
         } else {
             resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(Listing {
+                TxnOpResponse::Get(g) => Some((
                     revision,
-                    kvs: g.kvs().iter().map(to_kv).collect(),
-                }),
+                    g.kvs().iter().map(to_kv).collect::<Vec<_>>(),
+                    g.more(),
+                )),
                 _ => None,
             })
+        };
+        let listing = match (first, else_list) {
+            (Some(first), Some(prefix)) => Some(self.list_pages(prefix, Some(first)).await?),
+            _ => None,
         };
         Ok(TxnOutcome {
             succeeded: resp.succeeded(),
@@ -234,8 +477,7 @@ impl Store for EtcdStore {
     async fn grant(&self, ttl: i64) -> Result<i64, StoreError> {
         self.count();
         let resp = self
-            .client
-            .clone()
+            .client()
             .lease_grant(ttl, None)
             .await
             .map_err(store_error)?;

@@ -15,31 +15,25 @@ use tokio::{
 };
 
 use super::etcd::{EtcdStore, store_error};
-use crate::metrics::Metrics;
+use crate::{backoff::Backoff, metrics::Metrics};
 
-/// Why the lease is gone.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Loss {
-    /// etcd answered a keep-alive with TTL 0.
-    Expired,
+pub(crate) struct KeeperConfig {
+    pub(crate) lease_id: i64,
+    pub(crate) ttl: Duration,
+    pub(crate) renew_margin: Duration,
+    pub(crate) request_timeout: Duration,
 }
 
-pub struct KeeperConfig {
-    pub lease_id: i64,
-    pub ttl: Duration,
-    pub renew_margin: Duration,
-    pub request_timeout: Duration,
-}
-
-pub fn interval(ttl: Duration) -> Duration {
+fn interval(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(500), Duration::from_secs(300))
 }
 
-/// Runs until the lease is lost (reported on `lost`) or the task is aborted.
-pub async fn keep_alive(
+/// Runs until etcd says the lease is gone (the lease id is sent on `lost`)
+/// or the task is aborted.
+pub(crate) async fn keep_alive(
     store: EtcdStore,
     cfg: KeeperConfig,
-    lost: mpsc::Sender<(i64, Loss)>,
+    lost: mpsc::Sender<i64>,
     metrics: Arc<Metrics>,
 ) {
     let every = interval(cfg.ttl);
@@ -79,7 +73,7 @@ pub async fn keep_alive(
                     sleep(every).await;
                 }
                 Ok(Ok(Some(_))) => {
-                    let _ = lost.send((cfg.lease_id, Loss::Expired)).await;
+                    let _ = lost.send(cfg.lease_id).await;
                     return;
                 }
                 Ok(Ok(None)) => {
@@ -104,7 +98,7 @@ pub async fn keep_alive(
 }
 
 fn retry(failures: u32, every: Duration) -> Duration {
-    Duration::from_millis((200u64 << failures.min(5)).min(5_000)).min(every)
+    Backoff::RETRY.delay(failures).min(every)
 }
 
 fn at_risk(cfg: &KeeperConfig, last_ok: Instant, warned: &mut bool, why: &str) {
@@ -124,7 +118,7 @@ fn at_risk(cfg: &KeeperConfig, last_ok: Instant, warned: &mut bool, why: &str) {
     }
 }
 
-pub fn unix_now() -> i64 {
+pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)

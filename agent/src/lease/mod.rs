@@ -1,11 +1,66 @@
 //! Subnet leases in etcd, flannel-compatible and fenced.
+//!
+//! - `config`, `attrs`, `key`, `subnet_file`: flannel's formats.
+//! - `store` (the operations the protocol needs) and `etcd` (the real store).
+//! - `acquire`: the fenced acquisition, one attempt.
+//! - `holder` and `keeper`: this node's lease through its life: acquired,
+//!   kept alive, lost, acquired again.
+//! - `watch`: every lease in etcd, as events; `members`: which etcd
+//!   members are healthy enough to use.
+//! - `view` and `validate`: what each lease is to this node: ours, a peer,
+//!   or rejected.
+//!
+//! The acquisition and the formats are public for the model test and the
+//! benchmarks; the rest is the agent's.
 
-pub mod acquire;
-pub mod attrs;
-pub mod config;
-pub mod etcd;
-pub mod keeper;
-pub mod store;
-pub mod subnet;
-pub mod subnet_file;
-pub mod watch;
+#[cfg(feature = "agent")]
+mod acquire;
+mod attrs;
+mod config;
+#[cfg(feature = "agent")]
+mod etcd;
+#[cfg(feature = "agent")]
+mod holder;
+#[cfg(feature = "agent")]
+mod keeper;
+mod key;
+#[cfg(feature = "agent")]
+mod members;
+#[cfg(feature = "agent")]
+mod store;
+mod subnet_file;
+#[cfg(feature = "agent")]
+mod validate;
+#[cfg(feature = "agent")]
+mod view;
+#[cfg(feature = "agent")]
+mod watch;
+
+pub use attrs::{AttrsError, LeaseAttrs, VxlanData};
+pub use config::{ConfigError, NetworkConfig};
+pub use key::{KeyError, SubnetKey, parse_key, to_key};
+pub use subnet_file::{SubnetEnv, SubnetEnvError, first_host, parse_subnet_env};
+
+#[cfg(feature = "agent")]
+pub use acquire::{AcquireError, AcquireRequest, AcquireStats, HeldLease, Identity, acquire};
+#[cfg(feature = "agent")]
+pub use etcd::{EtcdOptions, EtcdStore};
+#[cfg(feature = "agent")]
+pub use store::{Compare, KeyValue, Listing, Op, Store, StoreError, TxnOutcome};
+#[cfg(feature = "agent")]
+pub use validate::Rejection;
+#[cfg(feature = "agent")]
+pub use watch::Lease;
+
+#[cfg(feature = "agent")]
+pub(crate) use holder::{LeaseHolder, Timing, wait_for_config};
+#[cfg(feature = "agent")]
+pub(crate) use keeper::unix_now;
+#[cfg(feature = "agent")]
+pub(crate) use members::run as watch_members;
+#[cfg(feature = "agent")]
+pub(crate) use subnet_file::{DEFAULT_PATH as DEFAULT_SUBNET_FILE, read_subnet};
+#[cfg(feature = "agent")]
+pub(crate) use view::{LeaseView, decide};
+#[cfg(feature = "agent")]
+pub(crate) use watch::{LeaseEvent, list_once, run as watch};

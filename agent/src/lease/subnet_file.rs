@@ -18,10 +18,11 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::subnet::Ipv4Net;
+use ipnet::Ipv4Net;
 
 /// Default location, flannel's.
-pub const DEFAULT_PATH: &str = "/run/flannel/subnet.env";
+#[cfg(feature = "agent")]
+pub(crate) const DEFAULT_PATH: &str = "/run/flannel/subnet.env";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubnetEnv {
@@ -36,7 +37,7 @@ impl SubnetEnv {
         format!(
             "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}/{}\nFLANNEL_MTU={}\nFLANNEL_IPMASQ={}\n",
             self.network,
-            self.subnet.first_host(),
+            first_host(&self.subnet),
             self.subnet.prefix_len(),
             self.mtu,
             self.ipmasq
@@ -65,29 +66,76 @@ impl SubnetEnv {
     }
 }
 
+/// The first usable address of a subnet (FLANNEL_SUBNET's form, the gateway
+/// the CNI plugin gives the bridge).
+pub fn first_host(subnet: &Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(subnet.network()).wrapping_add(1))
+}
+
+/// Why a subnet.env cannot be read back.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SubnetEnvError {
+    #[error("no FLANNEL_SUBNET line")]
+    Missing,
+    #[error("no {0} line")]
+    MissingKey(&'static str),
+    #[error("{0} is malformed")]
+    Malformed(String),
+}
+
+impl SubnetEnv {
+    /// Reads a whole subnet.env (what the CNI plugin needs of it).
+    pub fn parse(text: &str) -> Result<Self, SubnetEnvError> {
+        let value = |key: &str| {
+            text.lines()
+                .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
+                .map(str::trim)
+        };
+        let subnet = parse_subnet_env(text)?;
+        let network =
+            value("FLANNEL_NETWORK").ok_or(SubnetEnvError::MissingKey("FLANNEL_NETWORK"))?;
+        let network: Ipv4Net = network
+            .parse()
+            .map_err(|_| SubnetEnvError::Malformed(format!("FLANNEL_NETWORK={network}")))?;
+        let mtu = value("FLANNEL_MTU").ok_or(SubnetEnvError::MissingKey("FLANNEL_MTU"))?;
+        let mtu: u32 = mtu
+            .parse()
+            .map_err(|_| SubnetEnvError::Malformed(format!("FLANNEL_MTU={mtu}")))?;
+        let ipmasq = value("FLANNEL_IPMASQ") == Some("true");
+        Ok(Self {
+            network,
+            subnet,
+            mtu,
+            ipmasq,
+        })
+    }
+}
+
+/// The subnet named by FLANNEL_SUBNET in the text of a subnet.env.
+pub fn parse_subnet_env(text: &str) -> Result<Ipv4Net, SubnetEnvError> {
+    let v = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("FLANNEL_SUBNET="))
+        .ok_or(SubnetEnvError::Missing)?;
+    let bad = || SubnetEnvError::Malformed(format!("FLANNEL_SUBNET={v}"));
+    let (ip, len) = v.split_once('/').ok_or_else(bad)?;
+    let ip: Ipv4Addr = ip.parse().map_err(|_| bad())?;
+    let len: u8 = len.parse().map_err(|_| bad())?;
+    Ok(Ipv4Net::new(ip, len).map_err(|_| bad())?.trunc())
+}
+
 /// The subnet named by FLANNEL_SUBNET in an existing file: None when there
 /// is no file; an error when the file cannot be read or makes no sense.
-pub fn read_subnet(path: &Path) -> Result<Option<Ipv4Net>> {
+#[cfg(feature = "agent")]
+pub(crate) fn read_subnet(path: &Path) -> Result<Option<Ipv4Net>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    for line in text.lines() {
-        if let Some(v) = line.trim().strip_prefix("FLANNEL_SUBNET=") {
-            let (ip, len) = v.split_once('/').with_context(|| {
-                format!("{}: FLANNEL_SUBNET={v} is not ADDR/LEN", path.display())
-            })?;
-            let ip: Ipv4Addr = ip
-                .parse()
-                .with_context(|| format!("{}: FLANNEL_SUBNET={v}: bad address", path.display()))?;
-            let len: u8 = len.parse().ok().filter(|l| *l <= 32).with_context(|| {
-                format!("{}: FLANNEL_SUBNET={v}: bad prefix length", path.display())
-            })?;
-            return Ok(Some(Ipv4Net::containing(ip, len)));
-        }
-    }
-    anyhow::bail!("{} has no FLANNEL_SUBNET line", path.display())
+    parse_subnet_env(&text)
+        .map(Some)
+        .with_context(|| format!("{}", path.display()))
 }
 
 #[cfg(test)]

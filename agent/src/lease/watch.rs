@@ -6,19 +6,30 @@
 //! can repeat events after a reconnect) are recognised by their revision and
 //! dropped. A malformed value from another writer is skipped with a warning
 //! naming its key and counted; it never stops the watch.
+//!
+//! A watch can go silent without breaking (its member cut off from clients,
+//! a connection that hangs): every 1 s the watch asks etcd for a progress
+//! notification, and one that has heard nothing (no event, no progress) for
+//! 5 s starts again from a fresh list, on whatever member is in rotation.
+//! So does one whose member was taken out of rotation ([`super::members`]),
+//! and one whose client was replaced. The time since the watch last knew it
+//! was current is `weft_etcd_watch_lag_seconds`; the agent is not ready
+//! while it exceeds 15 s.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use etcd_client::{EventType, WatchOptions};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
+
+use ipnet::Ipv4Net;
 
 use super::{
     attrs::LeaseAttrs,
     etcd::{EtcdStore, store_error, to_kv},
+    key::parse_key,
     store::{KeyValue, Listing},
-    subnet::Ipv4Net,
 };
-use crate::metrics::Metrics;
+use crate::{backoff::Backoff, metrics::Metrics};
 
 /// A lease as seen in etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,7 +44,7 @@ pub struct Lease {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LeaseEvent {
+pub(crate) enum LeaseEvent {
     Added(Lease),
     /// Carries the full value the lease had.
     Removed(Lease),
@@ -41,6 +52,9 @@ pub enum LeaseEvent {
         old: Lease,
         new: Lease,
     },
+    /// A fresh list follows, as events ended by [`LeaseEvent::Synced`]
+    /// (no need to decide anything before that end).
+    Listing,
     /// The events so far add up to etcd's state at `revision` (sent after
     /// every list, the first one included).
     Synced {
@@ -50,7 +64,7 @@ pub enum LeaseEvent {
 
 /// What the watcher knows, and the diffing that turns etcd's view into events.
 #[derive(Default)]
-pub struct LeaseCache {
+pub(super) struct LeaseCache {
     prefix: String,
     leases: HashMap<String, Lease>,
     /// The revision of the last change applied to each key (deletes too), to
@@ -60,7 +74,7 @@ pub struct LeaseCache {
 }
 
 impl LeaseCache {
-    pub fn new(prefix: &str, metrics: Option<Arc<Metrics>>) -> Self {
+    pub(super) fn new(prefix: &str, metrics: Option<Arc<Metrics>>) -> Self {
         Self {
             prefix: prefix.to_string(),
             metrics,
@@ -68,15 +82,13 @@ impl LeaseCache {
         }
     }
 
-    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
-        self.leases.values()
-    }
-
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.leases.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.leases.is_empty()
     }
 
@@ -98,7 +110,14 @@ impl LeaseCache {
             .key
             .strip_prefix(&self.prefix)
             .ok_or_else(|| "key outside the subnets prefix".to_string())?;
-        let subnet = Ipv4Net::from_key(suffix).map_err(|e| e.to_string())?;
+        let subnet = parse_key(suffix).map_err(|e| e.to_string())?.v4;
+        if kv.value.len() > super::etcd::MAX_VALUE_BYTES {
+            return Err(format!(
+                "a value of {} bytes (a lease is a few hundred; at most {} are read)",
+                kv.value.len(),
+                super::etcd::MAX_VALUE_BYTES
+            ));
+        }
         let attrs = LeaseAttrs::parse(&kv.value).map_err(|e| e.to_string())?;
         Ok(Lease {
             subnet,
@@ -111,7 +130,7 @@ impl LeaseCache {
     }
 
     /// A put seen at `kv.mod_revision`.
-    pub fn put(&mut self, kv: &KeyValue) -> Option<LeaseEvent> {
+    pub(super) fn put(&mut self, kv: &KeyValue) -> Option<LeaseEvent> {
         if self
             .seen
             .get(&kv.key)
@@ -129,7 +148,7 @@ impl LeaseCache {
     }
 
     /// A delete seen at `revision`.
-    pub fn delete(&mut self, key: &str, revision: i64) -> Option<LeaseEvent> {
+    pub(super) fn delete(&mut self, key: &str, revision: i64) -> Option<LeaseEvent> {
         if self.seen.get(key).is_some_and(|r| *r >= revision) {
             return None;
         }
@@ -138,8 +157,8 @@ impl LeaseCache {
     }
 
     /// Replaces what is known with a fresh listing; returns the difference.
-    pub fn resync(&mut self, listing: &Listing) -> Vec<LeaseEvent> {
-        let mut events = Vec::new();
+    pub(super) fn resync(&mut self, listing: &Listing) -> Vec<LeaseEvent> {
+        let mut events = vec![LeaseEvent::Listing];
         let mut present = std::collections::HashSet::new();
         for kv in &listing.kvs {
             present.insert(kv.key.clone());
@@ -169,13 +188,20 @@ impl LeaseCache {
     }
 }
 
+/// How often the watch asks for a progress notification.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// A watch that heard nothing for this long starts again (a healthy member
+/// answers a progress request in milliseconds).
+const SILENT: Duration = Duration::from_secs(5);
+
 /// Follows `<prefix>/subnets/` forever, sending events on `tx`. Returns when
-/// the receiver is gone.
-pub async fn run(
+/// the receiver is gone. `moved`: a member was taken out of rotation.
+pub(crate) async fn run(
     store: EtcdStore,
     subnets_prefix: String,
     tx: mpsc::Sender<LeaseEvent>,
     metrics: Arc<Metrics>,
+    moved: Arc<Notify>,
 ) {
     use super::store::Store as _;
     let mut cache = LeaseCache::new(&subnets_prefix, Some(metrics.clone()));
@@ -192,12 +218,19 @@ pub async fn run(
                 continue;
             }
         };
+        metrics.watch_confirmed();
         for ev in cache.resync(&listing) {
             if tx.send(ev).await.is_err() {
                 return;
             }
         }
-        match follow(&store, &subnets_prefix, listing.revision, &mut cache, &tx).await {
+        let w = Watching {
+            prefix: &subnets_prefix,
+            revision: listing.revision,
+            moved: &moved,
+            metrics: &metrics,
+        };
+        match follow(&store, w, &mut cache, &tx).await {
             Follow::ReceiverGone => return,
             Follow::Resync { reason, received } => {
                 metrics.inc_watch_resync();
@@ -221,25 +254,64 @@ enum Follow {
     Resync { reason: String, received: bool },
 }
 
+/// What a watch follows, from where, and what it reports to.
+struct Watching<'a> {
+    prefix: &'a str,
+    revision: i64,
+    moved: &'a Notify,
+    metrics: &'a Metrics,
+}
+
 async fn follow(
     store: &EtcdStore,
-    prefix: &str,
-    revision: i64,
+    w: Watching<'_>,
     cache: &mut LeaseCache,
     tx: &mpsc::Sender<LeaseEvent>,
 ) -> Follow {
+    let Watching {
+        prefix,
+        revision,
+        moved,
+        metrics,
+    } = w;
     let opts = WatchOptions::new()
         .with_prefix()
         .with_prev_key()
         .with_start_revision(revision + 1);
     let mut received = false;
     let resync = |reason: String, received: bool| Follow::Resync { reason, received };
+    let mut generation = store.generation();
+    generation.mark_unchanged();
     let mut stream = match store.client().watch(prefix, Some(opts)).await {
         Ok(s) => s,
         Err(e) => return resync(format!("cannot start the watch: {}", store_error(e)), false),
     };
+    let mut progress = tokio::time::interval(PROGRESS_EVERY);
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut heard = tokio::time::Instant::now();
     loop {
-        let resp = match stream.message().await {
+        let next = tokio::select! {
+            m = stream.message() => m,
+            _ = progress.tick() => {
+                if heard.elapsed() > SILENT {
+                    return resync(
+                        format!("the watch heard nothing (no event, no progress) for {SILENT:?}"),
+                        received,
+                    );
+                }
+                // An old etcd without progress requests just never answers:
+                // then events (or the silence check) keep the watch honest.
+                let _ = stream.request_progress().await;
+                continue;
+            }
+            () = moved.notified() => {
+                return resync("its etcd member may have been taken out of rotation".into(), received);
+            }
+            _ = generation.changed() => {
+                return resync("the etcd client was replaced".into(), received);
+            }
+        };
+        let resp = match next {
             Ok(Some(r)) => r,
             Ok(None) => return resync("the watch stream ended".into(), received),
             Err(e) => {
@@ -249,6 +321,11 @@ async fn follow(
                 );
             }
         };
+        heard = tokio::time::Instant::now();
+        metrics.watch_confirmed();
+        if let Some(h) = resp.header() {
+            metrics.set_watch_member(h.member_id());
+        }
         if resp.compact_revision() > 0 {
             return resync(
                 format!(
@@ -283,12 +360,12 @@ async fn follow(
 }
 
 fn retry_delay(failures: u32) -> Duration {
-    Duration::from_millis((250u64 << failures.min(5)).min(5_000))
+    Backoff::RETRY.delay(failures)
 }
 
 /// Reads every lease once (for `weft leases`): the leases, and the keys
 /// that are not leases, with why.
-pub async fn list_once(
+pub(crate) async fn list_once(
     store: &EtcdStore,
     prefix: &str,
 ) -> anyhow::Result<(Vec<Lease>, Vec<(String, String)>)> {
@@ -378,8 +455,9 @@ mod tests {
             revision: 6,
             kvs: vec![a.clone(), b.clone()],
         });
-        assert_eq!(ev.len(), 3);
-        assert_eq!(ev[2], LeaseEvent::Synced { revision: 6 });
+        assert_eq!(ev.len(), 4);
+        assert_eq!(ev[0], LeaseEvent::Listing);
+        assert_eq!(ev[3], LeaseEvent::Synced { revision: 6 });
         // Meanwhile (events missed): a removed, b changed, c added.
         let mut b2 = kv("10.5.2.0-24", "198.18.0.22", 9);
         b2.create_revision = 6;

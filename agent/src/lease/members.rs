@@ -1,0 +1,126 @@
+//! Which etcd members the client may use.
+//!
+//! Every 2 s each member given in `--etcd-endpoints` is asked for its status
+//! over a connection of its own, with a 1 s deadline. A member that does not
+//! answer, or answers without a leader (cut off from its peers), is taken
+//! out of the client's rotation; one that answers with a leader again is put
+//! back. The last member in rotation is never taken out (then every request
+//! fails until one recovers, and is retried). When a member is taken out,
+//! the lease watch is told to start again, since it may be on that member.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use etcd_client::Client;
+use tokio::sync::Notify;
+
+use super::etcd::EtcdStore;
+use crate::metrics::Metrics;
+
+const INTERVAL: Duration = Duration::from_secs(2);
+const DEADLINE: Duration = Duration::from_secs(1);
+
+/// One member's state.
+struct Member {
+    client: Option<Client>,
+    in_rotation: bool,
+    /// Why it is out, as last logged.
+    down: Option<String>,
+}
+
+/// Checks the members forever; `moved` is notified when one is taken out.
+pub(crate) async fn run(store: EtcdStore, metrics: Arc<Metrics>, moved: Arc<Notify>) {
+    let endpoints = store.options().endpoints.clone();
+    if endpoints.len() < 2 {
+        return;
+    }
+    let mut members: BTreeMap<String, Member> = endpoints
+        .iter()
+        .map(|e| {
+            (
+                e.clone(),
+                Member {
+                    client: None,
+                    in_rotation: true,
+                    down: None,
+                },
+            )
+        })
+        .collect();
+    let mut tick = tokio::time::interval(INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // All at once: one member that hangs must not delay the others.
+        let verdicts: Vec<(String, Result<(), String>)> =
+            futures::future::join_all(members.iter_mut().map(|(ep, m)| {
+                let store = &store;
+                async move { (ep.clone(), check(store, ep, m).await) }
+            }))
+            .await;
+        let mut in_rotation = members.values().filter(|m| m.in_rotation).count();
+        for (ep, verdict) in verdicts {
+            let m = members.get_mut(&ep).expect("listed");
+            match verdict {
+                Ok(()) => {
+                    if !m.in_rotation {
+                        match store.set_in_rotation(&ep, true).await {
+                            Ok(()) => {
+                                tracing::info!(member = %ep, "etcd member healthy again: back in rotation");
+                                m.in_rotation = true;
+                                in_rotation += 1;
+                            }
+                            Err(e) => {
+                                tracing::warn!(member = %ep, error = %format!("{e:#}"), "cannot put an etcd member back in rotation")
+                            }
+                        }
+                    }
+                    m.down = None;
+                }
+                Err(why) => {
+                    if m.down.as_ref() != Some(&why) {
+                        tracing::warn!(member = %ep, reason = %why, "etcd member unhealthy");
+                    }
+                    m.down = Some(why);
+                    if m.in_rotation && in_rotation > 1 {
+                        match store.set_in_rotation(&ep, false).await {
+                            Ok(()) => {
+                                tracing::warn!(member = %ep, "etcd member taken out of rotation");
+                                m.in_rotation = false;
+                                in_rotation -= 1;
+                                moved.notify_one();
+                            }
+                            Err(e) => {
+                                tracing::warn!(member = %ep, error = %format!("{e:#}"), "cannot take an etcd member out of rotation")
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        metrics.set_etcd_members(
+            members
+                .iter()
+                .map(|(ep, m)| (ep.clone(), m.in_rotation && m.down.is_none()))
+                .collect(),
+        );
+    }
+}
+
+/// Whether `ep` answers its status in time, with a leader.
+async fn check(store: &EtcdStore, ep: &str, m: &mut Member) -> Result<(), String> {
+    if m.client.is_none() {
+        m.client = Some(
+            store
+                .member_client(ep)
+                .await
+                .map_err(|e| format!("{e:#}"))?,
+        );
+    }
+    let mut c = m.client.clone().expect("just set");
+    match tokio::time::timeout(DEADLINE, c.status()).await {
+        Err(_) => Err(format!("no answer within {DEADLINE:?}")),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(s)) if s.leader() == 0 => Err("it has no leader (cut off from its peers?)".into()),
+        Ok(Ok(_)) => Ok(()),
+    }
+}
