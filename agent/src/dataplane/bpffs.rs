@@ -13,6 +13,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use dataplane_common::LAYOUT_VERSION;
 
 /// `BPF_FS_MAGIC` from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -35,9 +36,30 @@ impl PinDir {
         &self.root
     }
 
-    /// Maps are pinned here by name.
+    /// Maps are pinned here by name, in a directory of this binary's map
+    /// layout version (`maps-v2`).
     pub fn maps(&self) -> PathBuf {
-        self.root.join("maps")
+        self.root.join(format!("maps-v{LAYOUT_VERSION}"))
+    }
+
+    /// Map directories of other layout versions (`maps` was version 1).
+    pub(crate) fn other_map_versions(&self) -> Vec<(u32, PathBuf)> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u32, PathBuf)> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let version = match name.as_str() {
+                    "maps" => 1,
+                    n => n.strip_prefix("maps-v")?.parse().ok()?,
+                };
+                (version != LAYOUT_VERSION).then(|| (version, e.path()))
+            })
+            .collect();
+        out.sort();
+        out
     }
 
     /// Links are pinned here, one per attach point.
@@ -64,17 +86,18 @@ impl PinDir {
         Ok(())
     }
 
-    /// True when the directory holds pins from an earlier run.
-    pub fn has_pins(&self) -> bool {
-        self.map(dataplane_common::map_names::CONFIG).exists()
+    /// True when the directory holds links pinned by an earlier run.
+    pub(crate) fn has_links(&self) -> bool {
+        std::fs::read_dir(self.links()).is_ok_and(|mut d| d.next().is_some())
     }
 }
 
 /// Whether `path` lies on a bpf filesystem.
 pub fn is_bpffs(path: &Path) -> Result<bool> {
     let c = CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: statfs writes into the zeroed struct we pass.
+    // SAFETY: statfs is plain old data; all zeroes is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a valid, writable statfs.
     let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
     if rc != 0 {
         return Err(io::Error::last_os_error())

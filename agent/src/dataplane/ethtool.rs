@@ -12,6 +12,7 @@ use anyhow::{Context as _, Result, bail};
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GGRO: u32 = 0x2b;
 const ETHTOOL_SGRO: u32 = 0x2c;
+const ETHTOOL_GTXCSUM: u32 = 0x16;
 
 #[repr(C)]
 struct EthtoolValue {
@@ -57,10 +58,20 @@ fn ioctl(iface: &str, cmd: u32, data: u32) -> Result<u32> {
 }
 
 /// Turns GRO on for `iface`; returns whether it was off.
-pub fn ensure_gro(iface: &str) -> Result<bool> {
+pub(super) fn ensure_gro(iface: &str) -> Result<bool> {
     if ioctl(iface, ETHTOOL_GGRO, 0)? != 0 {
         return Ok(false);
     }
     ioctl(iface, ETHTOOL_SGRO, 1)?;
     Ok(true)
+}
+
+/// Whether GRO is on for `iface`.
+pub(crate) fn gro(iface: &str) -> Result<bool> {
+    Ok(ioctl(iface, ETHTOOL_GGRO, 0)? != 0)
+}
+
+/// Whether transmit checksum offload is on for `iface`.
+pub(crate) fn tx_checksum(iface: &str) -> Result<bool> {
+    Ok(ioctl(iface, ETHTOOL_GTXCSUM, 0)? != 0)
 }

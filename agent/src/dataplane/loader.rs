@@ -13,21 +13,29 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use aya::maps::{MapData, MapInfo};
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
-        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
+        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode as AyaXdpMode,
         links::{FdLink, LinkError, PinnedLink},
         tc::{SchedClassifierLink, TcAttachOptions},
         xdp::XdpLink,
     },
 };
-use dataplane_common::program_names;
+use aya_obj::maps::PinningType;
+use dataplane_common::map_names;
 
-use super::{bpffs::PinDir, netlink::Netlink};
+use super::{
+    XdpMode,
+    bpffs::PinDir,
+    kfuncs::{self, KernelBtf},
+    netlink::Netlink,
+};
 
 /// The eBPF object built from `dataplane-ebpf/` (see `build.rs`).
-pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/weft-dataplane"));
+pub(super) static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/weft-dataplane"));
 
 /// Where a program is attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +63,21 @@ impl Hook {
     }
 }
 
+/// The name of the program in the link pinned at `hook` on `iface`.
+pub(crate) fn pinned_program(
+    pins: &PinDir,
+    hook: Hook,
+    iface: &str,
+    ifindex: u32,
+) -> Option<String> {
+    let link = open_pinned_link(&link_pin_path(pins, hook, iface, ifindex)).ok()??;
+    let id = link.info().ok()?.program_id();
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == id)
+        .and_then(|p| p.name_as_str().map(str::to_string))
+}
+
 /// The outcome of one attach.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attachment {
@@ -62,64 +85,137 @@ pub struct Attachment {
     pub iface: String,
     pub hook: Hook,
     /// The XDP mode in use (None for TC).
-    pub xdp_mode: Option<XdpModeName>,
+    pub xdp_mode: Option<XdpMode>,
     /// True when an existing pinned link was reused (the program swapped in
     /// place), false when a new link was created.
     pub adopted: bool,
 }
 
-/// The XDP modes an operator can ask for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum XdpModeName {
-    /// Native (driver) mode.
-    Native,
-    /// Generic (skb) mode.
-    Generic,
+fn aya_mode(mode: XdpMode) -> AyaXdpMode {
+    match mode {
+        XdpMode::Native => AyaXdpMode::Driver,
+        XdpMode::Generic => AyaXdpMode::Skb,
+        XdpMode::Auto | XdpMode::Off => AyaXdpMode::Default,
+    }
 }
 
-impl XdpModeName {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            XdpModeName::Native => "native",
-            XdpModeName::Generic => "generic",
-        }
-    }
+/// How to load the object.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Log every drop (aya-log's level is a constant of the loaded object:
+    /// off, the verifier removes the logging code).
+    pub trace_drops: bool,
+    /// Capacity of the peer maps.
+    pub max_peers: u32,
+}
 
-    fn mode(self) -> XdpMode {
-        match self {
-            XdpModeName::Native => XdpMode::Driver,
-            XdpModeName::Generic => XdpMode::Skb,
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            trace_drops: false,
+            max_peers: dataplane_common::MAX_PEERS,
         }
     }
+}
+
+/// A pinned map that this load did not reuse, still open so its contents
+/// can be carried over.
+pub(crate) struct Replaced {
+    pub(crate) name: String,
+    pub(crate) old: MapData,
+    /// The old map's layout version.
+    pub(crate) version: u32,
 }
 
 /// The loaded object: programs ready to attach, maps pinned.
 pub struct Loaded {
     ebpf: Ebpf,
     pins: PinDir,
+    replaced: Vec<Replaced>,
+    trace_drops: bool,
+    conntrack: bool,
 }
 
 impl Loaded {
-    /// Loads the embedded object. Maps that are already pinned under `pins`
-    /// are reused with their contents; the others are created and pinned.
-    pub fn load(pins: &PinDir) -> Result<Self> {
+    /// Loads the embedded object. Maps pinned under `pins` with exactly the
+    /// layout this object expects (type, key and value size, capacity,
+    /// flags) are reused with their contents; any other pin of that name is
+    /// replaced (kept open for [`Loaded::take_replaced`]), as are maps
+    /// missing here but pinned by another layout version; the rest are
+    /// created and pinned.
+    pub fn load(pins: &PinDir, opts: &LoadOptions) -> Result<Self> {
         pins.ensure()?;
+        let replaced = check_pins(pins, opts)?;
+        let level = if opts.trace_drops {
+            aya_log::Level::Warn as u8
+        } else {
+            0u8
+        };
+        // The conntrack kfuncs, resolved against this kernel (or stubbed:
+        // then no flow passes the conntrack gate).
+        let btf = match KernelBtf::read() {
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "no conntrack kfuncs: --host-routing auto sends every flow through the host stack");
+                None
+            }
+        };
+        let object = kfuncs::resolve(OBJECT, btf.as_ref())?;
+        let status_off = btf.as_ref().map_or(0, |b| b.nf_conn_status);
         let ebpf = EbpfLoader::new()
+            .override_global(aya_log::LEVEL, &level, true)
+            .override_global("NF_CONN_STATUS_OFF", &status_off, true)
+            .map_max_entries(map_names::PEERS, opts.max_peers)
+            .map_max_entries(map_names::VTEPS, opts.max_peers)
             .default_map_pin_directory(pins.maps())
-            .load(OBJECT)
+            .load(object.bytes())
             .context("loading the eBPF object (maps and programs)")?;
         Ok(Self {
             ebpf,
             pins: pins.clone(),
+            replaced,
+            trace_drops: opts.trace_drops,
+            conntrack: btf.is_some(),
         })
     }
 
-    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
-        &mut self.ebpf
+    /// Whether the conntrack kfuncs were resolved (the gate of
+    /// `--host-routing auto` works).
+    pub(crate) fn has_conntrack(&self) -> bool {
+        self.conntrack
     }
 
-    pub fn pins(&self) -> &PinDir {
-        &self.pins
+    /// Whether the programs were loaded to log their drops.
+    pub(crate) fn traces_drops(&self) -> bool {
+        self.trace_drops
+    }
+
+    /// Whether `a`'s program, as loaded here, is still attached where `a`
+    /// says (a device deleted, or a link unpinned or detached, detaches it).
+    pub(crate) fn is_attached(&self, a: &Attachment) -> Result<bool> {
+        let id = self
+            .ebpf
+            .program(a.program)
+            .ok_or_else(|| anyhow!("the eBPF object has no program {}", a.program))?
+            .info()
+            .with_context(|| format!("reading the id of program {}", a.program))?
+            .id();
+        if ifindex(&a.iface).is_err() {
+            return Ok(false);
+        }
+        Ok(attached_programs(a.hook, &a.iface)?.contains(&id))
+    }
+
+    /// The pinned maps this load replaced.
+    pub(crate) fn take_replaced(&mut self) -> Vec<Replaced> {
+        std::mem::take(&mut self.replaced)
+    }
+
+    /// The reader of the programs' drop trace (aya-log's ring buffer). It
+    /// owns the buffer, so the loaded object may be dropped after this.
+    pub(crate) fn drop_logger(&mut self) -> Result<aya_log::EbpfLogger<&'static dyn log::Log>> {
+        aya_log::EbpfLogger::init(&mut self.ebpf)
+            .context("opening the eBPF programs' log buffer for --trace-drops")
     }
 
     /// Attaches the XDP program `program` to `iface`. Modes are tried in the
@@ -129,7 +225,7 @@ impl Loaded {
         &mut self,
         program: &'static str,
         iface: &str,
-        modes: &[XdpModeName],
+        modes: &[XdpMode],
     ) -> Result<Attachment> {
         let ifindex = ifindex(iface)?;
         let pin = self.link_pin(Hook::Xdp, iface, ifindex);
@@ -164,7 +260,7 @@ impl Loaded {
         }
         let mut last_err = None;
         for mode in modes {
-            match prog.attach_to_if_index(ifindex, mode.mode()) {
+            match prog.attach_to_if_index(ifindex, aya_mode(*mode)) {
                 Ok(id) => {
                     let link = prog.take_link(id)?;
                     let fd: FdLink = link.try_into().map_err(|e: LinkError| {
@@ -233,15 +329,29 @@ impl Loaded {
                 }
             }
         }
-        let id = prog
-            .attach_with_options(
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let id = loop {
+            match prog.attach_with_options(
                 iface,
                 attach_type,
                 TcAttachOptions::TcxOrder(LinkOrder::default()),
-            )
-            .with_context(|| {
-                format!("attaching TC program {program} to {iface} {}", hook.name())
-            })?;
+            ) {
+                Ok(id) => break id,
+                // A link of this program unpinned a moment ago is still
+                // attached (release is asynchronous): wait for it to go.
+                Err(e)
+                    if os_error(&e) == Some(libc::EEXIST)
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("attaching TC program {program} to {iface} {}", hook.name())
+                    });
+                }
+            }
+        };
         let link = prog.take_link(id)?;
         let fd: FdLink = link
             .try_into()
@@ -254,23 +364,89 @@ impl Loaded {
     fn link_pin(&self, hook: Hook, iface: &str, ifindex: u32) -> PathBuf {
         link_pin_path(&self.pins, hook, iface, ifindex)
     }
+}
 
-    /// Program names known to the object, for diagnostics.
-    pub fn program_names(&self) -> Vec<String> {
-        self.ebpf.programs().map(|(n, _)| n.to_string()).collect()
-    }
-
-    pub fn program_name_for(hook: Hook) -> &'static str {
-        match hook {
-            Hook::Xdp => program_names::DECAP_XDP,
-            Hook::TcIngress => program_names::DECAP_TC,
-            Hook::TcEgress => program_names::ENCAP,
+/// Unpins every map pinned with a layout other than the one `OBJECT` and
+/// `opts` expect, keeping it open; also opens the maps that only an older
+/// layout version pinned.
+fn check_pins(pins: &PinDir, opts: &LoadOptions) -> Result<Vec<Replaced>> {
+    let object = aya_obj::Object::parse(OBJECT).context("parsing the eBPF object")?;
+    let mut replaced = Vec::new();
+    for (name, def) in &object.maps {
+        if def.pinning() != PinningType::ByName {
+            continue;
+        }
+        let max_entries = match name.as_str() {
+            map_names::PEERS | map_names::VTEPS => opts.max_peers,
+            _ => def.max_entries(),
+        };
+        let want = (
+            def.map_type(),
+            def.key_size(),
+            def.value_size(),
+            max_entries,
+            def.map_flags(),
+        );
+        let path = pins.map(name);
+        if path.exists() {
+            let info = MapInfo::from_pin(&path)
+                .with_context(|| format!("reading the pinned map {}", path.display()))?;
+            let have = (
+                info.map_type().map_or(u32::MAX, |t| t as u32),
+                info.key_size(),
+                info.value_size(),
+                info.max_entries(),
+                info.map_flags(),
+            );
+            if have == want {
+                continue;
+            }
+            tracing::warn!(
+                map = %name,
+                pinned = ?have,
+                expected = ?want,
+                "the pinned map has another layout (type, key size, value size, capacity, flags): replacing it"
+            );
+            let old = MapData::from_pin(&path)
+                .with_context(|| format!("opening the pinned map {}", path.display()))?;
+            remove_pin(&path)?;
+            replaced.push(Replaced {
+                name: name.clone(),
+                old,
+                version: dataplane_common::LAYOUT_VERSION,
+            });
+            continue;
+        }
+        for (version, dir) in pins.other_map_versions() {
+            let old = dir.join(name);
+            if version < dataplane_common::LAYOUT_VERSION
+                && let Ok(data) = MapData::from_pin(&old)
+            {
+                tracing::info!(map = %name, from = %old.display(), "carrying the map over from layout version {version}");
+                replaced.push(Replaced {
+                    name: name.clone(),
+                    old: data,
+                    version,
+                });
+                break;
+            }
         }
     }
+    Ok(replaced)
+}
+
+/// Removes the map pins of other layout versions (once this version's
+/// programs are attached, nothing uses them).
+pub(crate) fn remove_other_versions(pins: &PinDir) -> Result<()> {
+    for (version, dir) in pins.other_map_versions() {
+        tracing::info!(dir = %dir.display(), version, "removing the map pins of another layout version");
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    Ok(())
 }
 
 /// The pin of the link at `hook` on `iface`.
-pub fn link_pin_path(pins: &PinDir, hook: Hook, iface: &str, ifindex: u32) -> PathBuf {
+fn link_pin_path(pins: &PinDir, hook: Hook, iface: &str, ifindex: u32) -> PathBuf {
     pins.links().join(format!(
         "{}-{}-{ifindex}",
         hook.pin_prefix(),
@@ -320,14 +496,14 @@ pub fn detach(pins: &PinDir, hook: Hook, iface: &str) -> Result<bool> {
 }
 
 /// The ids of the programs attached at `hook` on `iface`.
-pub fn attached_programs(hook: Hook, iface: &str) -> Result<Vec<u32>> {
+fn attached_programs(hook: Hook, iface: &str) -> Result<Vec<u32>> {
     match hook {
         Hook::Xdp => {
             let name = iface.to_string();
             let link = Netlink::blocking(async move |nl| nl.link(&name).await)?;
             Ok(link
                 .and_then(|l| l.xdp)
-                .map(|(id, _)| id)
+                .map(|x| x.program)
                 .into_iter()
                 .collect())
         }
@@ -369,7 +545,7 @@ fn wait_detached(hook: Hook, iface: &str, prog_id: u32) -> Result<()> {
 }
 
 /// The link pins present, as (hook, iface) pairs.
-pub fn pinned_links(pins: &PinDir) -> Result<Vec<(Hook, String, u32)>> {
+pub(crate) fn pinned_links(pins: &PinDir) -> Result<Vec<(Hook, String, u32)>> {
     let mut out = Vec::new();
     let dir = pins.links();
     let entries = match std::fs::read_dir(&dir) {
@@ -390,6 +566,21 @@ pub fn pinned_links(pins: &PinDir) -> Result<Vec<(Hook, String, u32)>> {
     }
     out.sort_by(|a, b| (a.1.as_str(), a.0.name()).cmp(&(b.1.as_str(), b.0.name())));
     Ok(out)
+}
+
+/// The OS error at the root of `e`, if any.
+fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(code) = err
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+        {
+            return Some(code);
+        }
+        cur = err.source();
+    }
+    None
 }
 
 fn open_pinned_link(pin: &Path) -> Result<Option<FdLink>> {

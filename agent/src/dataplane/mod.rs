@@ -1,10 +1,371 @@
-//! The eBPF dataplane: loading and attaching the programs, their maps, and the
-//! host configuration they rely on.
+//! The dataplane: the eBPF programs and their maps, the host configuration
+//! they rely on, and the one seam the agent drives them through.
+//!
+//! The seam is [`Dataplane`], built from a [`DataplaneSpec`] (uplink, VNI,
+//! port, VTEP MAC, hook choice) and told three things: our subnet
+//! ([`Dataplane::set_subnet`]), peer changes ([`Dataplane::apply`]), and
+//! that the peer set is complete ([`Dataplane::synced`]). It knows nothing
+//! of leases or of the command line.
 
-pub mod bpffs;
-pub mod ethtool;
-pub mod loader;
-pub mod maps;
-pub mod netlink;
-pub mod overlay;
-pub mod sysctl;
+mod bpffs;
+mod endpoints;
+mod ethtool;
+mod events;
+mod host;
+mod kfuncs;
+mod loader;
+mod maps;
+mod netfilter;
+mod netlink;
+mod nftables;
+mod overlay;
+mod sysctl;
+mod trace;
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::Ipv4Addr,
+    path::PathBuf,
+    sync::Arc,
+};
+
+use anyhow::Result;
+use ipnet::Ipv4Net;
+
+pub use bpffs::{DEFAULT_DIR as DEFAULT_PIN_DIR, PinDir, is_bpffs};
+pub use endpoints::{EndpointSpec, EndpointSync};
+pub use loader::{Attachment, Hook, LoadOptions, Loaded, detach, ifindex};
+pub use maps::{Counters, EndpointMap, PeerMaps};
+pub use overlay::{DecapChoice, Healed, Overlay, device_name};
+
+pub(crate) use ethtool::{gro, tx_checksum};
+pub(crate) use events::watch as watch_changes;
+pub(crate) use loader::{pinned_links, pinned_program};
+pub(crate) use netlink::{Link, Netlink};
+pub(crate) use overlay::{Problem, ProblemKind, teardown};
+pub(crate) use sysctl::{read as read_sysctl, read_iface as read_iface_sysctl};
+
+use crate::mac::MacAddr;
+
+/// One remote subnet and the VTEP that serves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Peer {
+    pub subnet: Ipv4Net,
+    pub vtep: Ipv4Addr,
+    pub mac: MacAddr,
+}
+
+/// A change to the peer table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerUpdate {
+    /// Install, or replace in place, the peer of this subnet.
+    Upsert(Peer),
+    /// Remove the peer of this subnet.
+    Remove(Ipv4Net),
+}
+
+/// Where decapsulation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpMode {
+    /// Native XDP if the driver has it, else generic XDP.
+    Auto,
+    /// XDP in the driver.
+    Native,
+    /// XDP on the socket buffer (any device, slower).
+    Generic,
+    /// No XDP: decapsulate in TC on the uplink's ingress.
+    Off,
+}
+
+/// How pods' traffic crosses the host (`--host-routing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostRouting {
+    /// Bypass the host stack for flows conntrack holds as confirmed and
+    /// not NATed; everything else takes the host stack.
+    Auto,
+    /// Bypass the host stack for all pod-to-pod traffic between nodes:
+    /// netfilter (NAT of replies, FORWARD rules) no longer sees it.
+    Bpf,
+    /// Always through the host stack: bridge, routing, the overlay device.
+    Legacy,
+}
+
+impl HostRouting {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostRouting::Auto => "auto",
+            HostRouting::Bpf => "bpf",
+            HostRouting::Legacy => "legacy",
+        }
+    }
+}
+
+impl XdpMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XdpMode::Auto => "auto",
+            XdpMode::Native => "native",
+            XdpMode::Generic => "generic",
+            XdpMode::Off => "off",
+        }
+    }
+}
+
+/// What the eBPF dataplane is built from.
+#[derive(Clone, Debug)]
+pub struct DataplaneSpec {
+    /// The uplink device's name.
+    pub uplink: String,
+    /// Our VTEP address (outer source, decapsulation destination).
+    pub public_ip: Ipv4Addr,
+    pub vni: u32,
+    pub port: u16,
+    pub vtep_mac: MacAddr,
+    pub xdp_mode: XdpMode,
+    pub pins: PinDir,
+    /// Log every dropped packet (reason and addresses) to the agent's log.
+    pub trace_drops: bool,
+    /// Capacity of the peer maps.
+    pub max_peers: u32,
+    pub host_routing: HostRouting,
+    /// Where host settings changed by Weft are recorded, to be restored by
+    /// `weft teardown` (a tmpfs: `/run/weft`).
+    pub state_dir: PathBuf,
+    /// The cluster network (flannel's `Network`).
+    pub network: Ipv4Net,
+    /// Masquerade pods' traffic leaving the cluster network (`--ip-masq`);
+    /// `Some(true)`: with fully random source ports.
+    pub masquerade: Option<bool>,
+    /// Accept forwarded cluster traffic in iptables' FORWARD chain
+    /// (`--iptables-forward-rules`).
+    pub forward_rules: bool,
+    /// The underlay MTU to assume (`Backend.MTU`); None: the uplink's,
+    /// followed as it changes.
+    pub underlay_mtu: Option<u32>,
+    /// Reach peers on the uplink's own subnet without encapsulation
+    /// (`Backend.DirectRouting`).
+    pub direct_routing: bool,
+}
+
+/// The dataplane as the agent drives it: the eBPF datapath, or none at all
+/// (control plane only: the peer table is kept and logged).
+pub(crate) struct Dataplane {
+    kind: Kind,
+    /// Subnets upserted since start; the first sync removes pinned peers
+    /// not among them (leases that vanished while the agent was away).
+    seen: HashSet<Ipv4Net>,
+    first_sync_done: bool,
+}
+
+enum Kind {
+    Off {
+        peers: HashMap<Ipv4Net, Peer>,
+    },
+    Ebpf {
+        spec: DataplaneSpec,
+        overlay: Option<Box<Overlay>>,
+    },
+}
+
+impl Dataplane {
+    pub(crate) fn off() -> Self {
+        Self::with(Kind::Off {
+            peers: HashMap::new(),
+        })
+    }
+
+    pub(crate) fn ebpf(spec: DataplaneSpec) -> Self {
+        Self::with(Kind::Ebpf {
+            spec,
+            overlay: None,
+        })
+    }
+
+    fn with(kind: Kind) -> Self {
+        Self {
+            kind,
+            seen: HashSet::new(),
+            first_sync_done: false,
+        }
+    }
+
+    /// Our subnet is (now) `subnet`: the first call sets the dataplane up
+    /// around it, later calls move it to a new subnet.
+    pub(crate) async fn set_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
+        match &mut self.kind {
+            Kind::Off { .. } => {
+                tracing::debug!(%subnet, "own subnet (no datapath)");
+                Ok(())
+            }
+            Kind::Ebpf { spec, overlay } => match overlay {
+                Some(o) => o.set_subnet(subnet).await,
+                None => {
+                    let o = Overlay::setup(spec, subnet).await?;
+                    tracing::info!(
+                        device = %device_name(spec.vni),
+                        %subnet,
+                        peers = o.peers().len(),
+                        "dataplane up"
+                    );
+                    *overlay = Some(Box::new(o));
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    /// Applies peer updates, in order.
+    pub(crate) async fn apply(&mut self, updates: &[PeerUpdate]) -> Result<()> {
+        for u in updates {
+            match u {
+                PeerUpdate::Upsert(p) => {
+                    tracing::debug!(subnet = %p.subnet, vtep = %p.vtep, mac = %p.mac, "peer");
+                    self.seen.insert(p.subnet);
+                }
+                PeerUpdate::Remove(s) => {
+                    tracing::debug!(subnet = %s, "peer removed");
+                    self.seen.remove(s);
+                }
+            }
+        }
+        match &mut self.kind {
+            Kind::Off { peers } => {
+                for u in updates {
+                    match u {
+                        PeerUpdate::Upsert(p) => {
+                            peers.insert(p.subnet, *p);
+                        }
+                        PeerUpdate::Remove(s) => {
+                            peers.remove(s);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Kind::Ebpf { overlay, .. } => {
+                let Some(o) = overlay.as_mut() else {
+                    anyhow::bail!("peer update before the dataplane is up");
+                };
+                o.apply_batch(updates).await
+            }
+        }
+    }
+
+    /// The updates so far add up to etcd's state at `revision`.
+    pub(crate) async fn synced(&mut self, revision: i64) -> Result<()> {
+        if let Kind::Ebpf {
+            overlay: Some(o), ..
+        } = &mut self.kind
+            && !self.first_sync_done
+        {
+            let removed = o.retain(&self.seen).await?;
+            if removed > 0 {
+                tracing::info!(
+                    removed,
+                    "removed peers whose leases vanished while the agent was away"
+                );
+            }
+        }
+        self.first_sync_done = true;
+        tracing::debug!(
+            revision,
+            peers = self.peer_count(),
+            "peer table in step with etcd"
+        );
+        Ok(())
+    }
+
+    pub(crate) fn peer_count(&self) -> usize {
+        match &self.kind {
+            Kind::Off { peers } => peers.len(),
+            Kind::Ebpf { overlay, .. } => overlay.as_ref().map_or(0, |o| o.peers().len()),
+        }
+    }
+
+    /// Makes host routing's local pods match the registered endpoints.
+    pub(crate) async fn sync_endpoints(&mut self, want: &[EndpointSpec]) -> Result<EndpointSync> {
+        match &mut self.kind {
+            Kind::Ebpf {
+                spec,
+                overlay: Some(o),
+            } if spec.host_routing != HostRouting::Legacy => o.sync_endpoints(want).await,
+            _ => Ok(EndpointSync::default()),
+        }
+    }
+
+    /// Where decapsulation runs, and why (once the eBPF dataplane is up).
+    pub(crate) fn decap(&self) -> Option<DecapChoice> {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => Some(o.decap().clone()),
+            _ => None,
+        }
+    }
+
+    /// Tries again the peers that could not be programmed, when their time
+    /// has come.
+    pub(crate) async fn retry_problems(&mut self) -> Result<()> {
+        match &mut self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => o.retry_problems().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Peers not (fully) programmed.
+    pub(crate) fn problems(&self) -> Vec<Problem> {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => o.problems().cloned().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Puts back what something else removed and follows the uplink's MTU
+    /// (see [`Overlay::heal`]).
+    pub(crate) async fn heal(&mut self) -> Result<Healed> {
+        match &mut self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => o.heal().await,
+            _ => Ok(Healed::default()),
+        }
+    }
+
+    /// The overlay device's MTU, once the eBPF dataplane is up.
+    pub(crate) fn mtu(&self) -> Option<u32> {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => Some(o.mtu()),
+            _ => None,
+        }
+    }
+
+    /// The subnets of the peers reached without encapsulation.
+    pub(crate) fn direct_peers(&self) -> Vec<Ipv4Net> {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => {
+                let mut v: Vec<Ipv4Net> = o.direct().iter().copied().collect();
+                v.sort();
+                v
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The packet counters, once the eBPF dataplane is up.
+    pub(crate) fn counters(&self) -> Option<Arc<Counters>> {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => Some(o.counters()),
+            _ => None,
+        }
+    }
+}

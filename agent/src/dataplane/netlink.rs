@@ -6,6 +6,9 @@
 
 use std::net::Ipv4Addr;
 
+use std::collections::HashMap;
+
+use super::XdpMode;
 use anyhow::{Context as _, Result, anyhow, bail};
 use futures::TryStreamExt as _;
 use rtnetlink::{
@@ -13,53 +16,73 @@ use rtnetlink::{
     packet_route::{
         AddressFamily,
         address::{AddressAttribute, AddressMessage},
-        link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, LinkXdp, XdpAttached},
+        link::{
+            InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, LinkXdp,
+            XdpAttached as Attached,
+        },
         route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope},
     },
 };
 
+/// How long a route request may wait for the kernel's answer.
+const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long listing the routes may take.
+const LIST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Somebody else's route: what it is, and its (device, gateway).
+type Foreign = (String, Option<(u32, Option<Ipv4Addr>)>);
+
+fn failed(route: &Route, e: rtnetlink::Error) -> anyhow::Error {
+    anyhow::Error::new(e).context(format!(
+        "installing the route to {}/{}",
+        route.dst, route.prefix_len
+    ))
+}
+
 /// Routes Weft installs carry this protocol number (`ip route ... proto 44`),
 /// so they can be told apart from everyone else's and removed on teardown.
-pub const ROUTE_PROTOCOL: u8 = 44;
+pub(super) const ROUTE_PROTOCOL: u8 = 44;
 
 /// What the dataplane needs to know about one network device.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Link {
-    pub index: u32,
-    pub name: String,
-    pub mtu: u32,
-    pub mac: [u8; 6],
-    pub up: bool,
+pub(crate) struct Link {
+    pub(crate) index: u32,
+    pub(crate) name: String,
+    pub(crate) mtu: u32,
+    pub(crate) mac: [u8; 6],
+    pub(crate) up: bool,
     /// ARP enabled (IFF_NOARP clear).
-    pub arp: bool,
+    pub(crate) arp: bool,
     /// "dummy", "veth", "vxlan", ... (None for physical devices).
-    pub kind: Option<String>,
-    /// The XDP program attached, and in which mode.
-    pub xdp: Option<(u32, XdpModeState)>,
+    pub(crate) kind: Option<String>,
+    /// The XDP program attached, if any.
+    pub(crate) xdp: Option<XdpAttached>,
 }
 
+/// An XDP program attached to a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum XdpModeState {
-    Native,
-    Generic,
-    Offload,
-    Multiple,
+pub(crate) struct XdpAttached {
+    pub(crate) program: u32,
+    /// Native or generic; None for hardware offload or several programs.
+    pub(crate) mode: Option<XdpMode>,
 }
 
-impl XdpModeState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            XdpModeState::Native => "native",
-            XdpModeState::Generic => "generic",
-            XdpModeState::Offload => "offload",
-            XdpModeState::Multiple => "multiple",
-        }
-    }
+/// The kernel's main routing table.
+const MAIN_TABLE: u8 = 254;
+
+/// Why a route was not installed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RouteError {
+    /// Somebody else's route to the same prefix is in the way.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0:#}")]
+    Other(anyhow::Error),
 }
 
 /// An IPv4 route Weft manages.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Route {
+pub(crate) struct Route {
     pub dst: Ipv4Addr,
     pub prefix_len: u8,
     pub gateway: Option<Ipv4Addr>,
@@ -67,14 +90,14 @@ pub struct Route {
     pub onlink: bool,
 }
 
-pub struct Netlink {
+pub(crate) struct Netlink {
     handle: Handle,
 }
 
 impl Netlink {
     /// Opens a netlink socket in the current thread's network namespace. Must
     /// be called inside a tokio runtime.
-    pub fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         let (conn, handle, _) =
             rtnetlink::new_connection().context("opening an rtnetlink socket")?;
         tokio::spawn(conn);
@@ -83,7 +106,7 @@ impl Netlink {
 
     /// Runs `f` with a fresh handle on a private current-thread runtime, for
     /// callers outside async code (CLI commands, tests).
-    pub fn blocking<T>(f: impl AsyncFnOnce(&Netlink) -> Result<T>) -> Result<T> {
+    pub(crate) fn blocking<T>(f: impl AsyncFnOnce(&Netlink) -> Result<T>) -> Result<T> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -94,7 +117,7 @@ impl Netlink {
         })
     }
 
-    pub async fn link(&self, name: &str) -> Result<Option<Link>> {
+    pub(crate) async fn link(&self, name: &str) -> Result<Option<Link>> {
         let mut stream = self
             .handle
             .link()
@@ -109,13 +132,13 @@ impl Netlink {
         }
     }
 
-    pub async fn require_link(&self, name: &str) -> Result<Link> {
+    pub(crate) async fn require_link(&self, name: &str) -> Result<Link> {
         self.link(name)
             .await?
             .ok_or_else(|| anyhow!("no network interface named {name:?} in this network namespace"))
     }
 
-    pub async fn links(&self) -> Result<Vec<Link>> {
+    pub(crate) async fn links(&self) -> Result<Vec<Link>> {
         let msgs: Vec<LinkMessage> = self
             .handle
             .link()
@@ -130,19 +153,21 @@ impl Netlink {
     /// Creates (or converges) the overlay device `name`: one end of a veth
     /// pair (the other end, `peer`, only exists because a veth comes in
     /// pairs; nothing is ever delivered to it), with ARP off, `mac` and
-    /// `mtu`, both ends up. Returns the device's index.
+    /// `mtu`, both ends up. Returns the device's index, and whether it was
+    /// created now.
     ///
     /// A veth pair rather than a dummy device because every kernel with
     /// network namespaces has veth, while dummy is optional (and missing on
     /// some minimal kernels). The TC egress program redirects every IPv4
     /// packet before the veth transmits it.
-    pub async fn ensure_overlay_device(
+    pub(crate) async fn ensure_overlay_device(
         &self,
         name: &str,
         peer: &str,
         mac: [u8; 6],
         mtu: u32,
-    ) -> Result<u32> {
+    ) -> Result<(u32, bool)> {
+        let mut created = false;
         let link = match self.link(name).await? {
             Some(l) if l.kind.as_deref() == Some("veth") => l,
             Some(l) => bail!(
@@ -159,6 +184,7 @@ impl Netlink {
                     .with_context(|| {
                         format!("creating the overlay device {name} (veth, peer {peer})")
                     })?;
+                created = true;
                 self.require_link(name).await?
             }
         };
@@ -166,7 +192,7 @@ impl Netlink {
         if let Some(p) = self.link(peer).await? {
             self.converge_noarp(&p, None, mtu).await?;
         }
-        Ok(link.index)
+        Ok((link.index, created))
     }
 
     /// Sets `link` up with ARP off, `mtu` and (if given) `mac`, unless it
@@ -190,7 +216,7 @@ impl Netlink {
             .with_context(|| format!("configuring {}", link.name))
     }
 
-    pub async fn delete_link(&self, name: &str) -> Result<bool> {
+    pub(crate) async fn delete_link(&self, name: &str) -> Result<bool> {
         let Some(l) = self.link(name).await? else {
             return Ok(false);
         };
@@ -204,7 +230,7 @@ impl Netlink {
     }
 
     /// The IPv4 addresses on device `index`, with their prefix lengths.
-    pub async fn addresses(&self, index: u32) -> Result<Vec<(Ipv4Addr, u8)>> {
+    pub(crate) async fn addresses(&self, index: u32) -> Result<Vec<(Ipv4Addr, u8)>> {
         let msgs: Vec<AddressMessage> = self
             .handle
             .address()
@@ -229,7 +255,7 @@ impl Netlink {
     }
 
     /// Makes `addr/prefix_len` the only IPv4 address on device `index`.
-    pub async fn ensure_only_address(
+    pub(crate) async fn ensure_only_address(
         &self,
         index: u32,
         addr: Ipv4Addr,
@@ -275,8 +301,143 @@ impl Netlink {
         Ok(())
     }
 
-    /// Adds or replaces a route (protocol [`ROUTE_PROTOCOL`]).
-    pub async fn replace_route(&self, route: &Route, src: Option<Ipv4Addr>) -> Result<()> {
+    /// Installs `routes` (protocol [`ROUTE_PROTOCOL`]), each with source
+    /// address `src`, concurrently, and returns one result per route.
+    ///
+    /// A route is only ever replaced if Weft owns it (protocol 44), it
+    /// goes through `adopt` (flannel's own device, taken over when a node
+    /// moves from flannel to Weft), or it already says what Weft's would
+    /// (same device and gateway: flannel's DirectRouting routes). Any other
+    /// route to the same prefix in the main table, whatever its metric, is
+    /// somebody else's: the route is not installed and the conflict is
+    /// reported.
+    pub(crate) async fn install_routes(
+        &self,
+        routes: &[Route],
+        src: Option<Ipv4Addr>,
+        adopt: Option<u32>,
+    ) -> Result<Vec<Result<(), RouteError>>> {
+        use futures::StreamExt as _;
+        // Most routes are new: create them, failing where any route to the
+        // prefix exists. Only those are looked at further (a full listing
+        // per batch would cost O(routes) each time tens of thousands of
+        // leases arrive).
+        let created: Vec<Result<(), rtnetlink::Error>> = futures::stream::iter(routes)
+            .map(|r| self.route_request(r, src, false))
+            .buffered(64)
+            .collect()
+            .await;
+        let exists = |e: &rtnetlink::Error| matches!(e, rtnetlink::Error::NetlinkError(n) if n.raw_code() == -libc::EEXIST);
+        if !created.iter().any(|r| r.as_ref().is_err_and(exists)) {
+            return Ok(created
+                .into_iter()
+                .zip(routes)
+                .map(|(r, route)| r.map_err(|e| RouteError::Other(failed(route, e))))
+                .collect());
+        }
+        let clashes = created
+            .iter()
+            .filter(|r| r.as_ref().is_err_and(exists))
+            .count();
+        tracing::debug!(clashes, "routes exist already: looking at who owns them");
+        let foreign = match tokio::time::timeout(LIST_DEADLINE, self.foreign_routes(adopt)).await {
+            Ok(f) => f?,
+            Err(_) => {
+                // Those routes stay problems and are tried again later.
+                tracing::warn!(clashes, "listing the routes took over {LIST_DEADLINE:?}");
+                return Ok(created
+                    .into_iter()
+                    .zip(routes)
+                    .map(|(r, route)| r.map_err(|e| RouteError::Other(failed(route, e))))
+                    .collect());
+            }
+        };
+        let mut results = Vec::with_capacity(routes.len());
+        for (r, route) in created.into_iter().zip(routes) {
+            results.push(match r {
+                Ok(()) => Ok(()),
+                Err(e) if exists(&e) => {
+                    let conflict = foreign
+                        .get(&(route.dst, route.prefix_len))
+                        .filter(|(_, via)| *via != Some((route.oif, route.gateway)))
+                        .map(|(what, _)| what.clone());
+                    match conflict {
+                        Some(other) => Err(RouteError::Conflict(format!(
+                            "a route to {}/{} that Weft does not own exists ({other})",
+                            route.dst, route.prefix_len
+                        ))),
+                        // Ours (or flannel's, adopted): replace it.
+                        None => self
+                            .route_request(route, src, true)
+                            .await
+                            .map_err(|e| RouteError::Other(failed(route, e))),
+                    }
+                }
+                Err(e) => Err(RouteError::Other(failed(route, e))),
+            });
+        }
+        Ok(results)
+    }
+
+    /// Routes in the main table that are not Weft's (nor through `adopt`):
+    /// what they are, and their (device, gateway), by (destination, length).
+    async fn foreign_routes(&self, adopt: Option<u32>) -> Result<HashMap<(Ipv4Addr, u8), Foreign>> {
+        let mut foreign: HashMap<(Ipv4Addr, u8), Foreign> = HashMap::new();
+        let names: HashMap<u32, String> = self
+            .links()
+            .await?
+            .into_iter()
+            .map(|l| (l.index, l.name))
+            .collect();
+        for m in self.route_messages().await? {
+            if m.header.table != MAIN_TABLE
+                || m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL)
+            {
+                continue;
+            }
+            let Some(r) = parse_route(&m) else {
+                // No output device: a blackhole, unreachable or multipath
+                // route; somebody else's either way.
+                if let Some(dst) = route_dst(&m) {
+                    foreign.insert(
+                        (dst, m.header.destination_prefix_length),
+                        (
+                            format!(
+                                "{:?} route, protocol {:?}",
+                                m.header.kind, m.header.protocol
+                            ),
+                            None,
+                        ),
+                    );
+                }
+                continue;
+            };
+            if Some(r.oif) == adopt {
+                continue;
+            }
+            let dev = names
+                .get(&r.oif)
+                .cloned()
+                .unwrap_or_else(|| r.oif.to_string());
+            foreign.insert(
+                (r.dst, r.prefix_len),
+                (
+                    format!("dev {dev}, protocol {:?}", m.header.protocol),
+                    Some((r.oif, r.gateway)),
+                ),
+            );
+        }
+        Ok(foreign)
+    }
+
+    /// Creates (`replace`: adds or replaces) a route of ours (protocol
+    /// [`ROUTE_PROTOCOL`]).
+    async fn route_request(
+        &self,
+        route: &Route,
+        src: Option<Ipv4Addr>,
+        replace: bool,
+    ) -> Result<(), rtnetlink::Error> {
         let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(route.dst, route.prefix_len)
             .output_interface(route.oif)
@@ -292,17 +453,22 @@ impl Netlink {
         if let Some(src) = src {
             b = b.pref_source(src);
         }
-        self.handle
-            .route()
-            .add(b.build())
-            .replace()
-            .execute()
-            .await
-            .with_context(|| format!("installing the route to {}/{}", route.dst, route.prefix_len))
+        let req = self.handle.route().add(b.build());
+        let req = if replace { req.replace() } else { req };
+        // A request whose answer never comes (seen under tens of thousands
+        // of route changes) must not stall the agent: it fails, and the peer
+        // is retried as a route problem.
+        match tokio::time::timeout(REQUEST_DEADLINE, req.execute()).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(dst = %route.dst, prefix_len = route.prefix_len, "no answer from netlink within {REQUEST_DEADLINE:?}");
+                Err(rtnetlink::Error::RequestFailed)
+            }
+        }
     }
 
     /// Deletes a route (a route that is already gone is not an error).
-    pub async fn del_route(&self, route: &Route) -> Result<()> {
+    pub(crate) async fn del_route(&self, route: &Route) -> Result<()> {
         let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(route.dst, route.prefix_len)
             .output_interface(route.oif)
@@ -320,17 +486,17 @@ impl Netlink {
     }
 
     /// The device of the IPv4 default route, if any.
-    pub async fn default_route_oif(&self) -> Result<Option<u32>> {
+    pub(crate) async fn default_route_oif(&self) -> Result<Option<u32>> {
         Ok(self
             .route_messages()
             .await?
             .iter()
-            .filter(|m| m.header.destination_prefix_length == 0 && m.header.table == 254)
+            .filter(|m| m.header.destination_prefix_length == 0 && m.header.table == MAIN_TABLE)
             .find_map(parse_route)
             .map(|r| r.oif))
     }
 
-    pub async fn link_by_index(&self, index: u32) -> Result<Option<Link>> {
+    pub(crate) async fn link_by_index(&self, index: u32) -> Result<Option<Link>> {
         let mut stream = self.handle.link().get().match_index(index).execute();
         match stream.try_next().await {
             Ok(m) => Ok(m.as_ref().map(parse_link)),
@@ -339,18 +505,8 @@ impl Netlink {
         }
     }
 
-    /// The device that carries `ip`, if any.
-    pub async fn link_with_address(&self, ip: Ipv4Addr) -> Result<Option<Link>> {
-        for l in self.links().await? {
-            if self.addresses(l.index).await?.iter().any(|(a, _)| *a == ip) {
-                return Ok(Some(l));
-            }
-        }
-        Ok(None)
-    }
-
     /// The IPv4 routes Weft installed (by protocol), in the main table.
-    pub async fn weft_routes(&self) -> Result<Vec<Route>> {
+    pub(crate) async fn weft_routes(&self) -> Result<Vec<Route>> {
         Ok(self
             .route_messages()
             .await?
@@ -403,28 +559,35 @@ fn parse_link(msg: &LinkMessage) -> Link {
                 let mut prog = None;
                 for x in xdp {
                     match x {
-                        LinkXdp::Attached(XdpAttached::Driver) => mode = Some(XdpModeState::Native),
-                        LinkXdp::Attached(XdpAttached::SocketBuffer) => {
-                            mode = Some(XdpModeState::Generic)
-                        }
-                        LinkXdp::Attached(XdpAttached::Hardware) => {
-                            mode = Some(XdpModeState::Offload)
-                        }
-                        LinkXdp::Attached(XdpAttached::Multiple) => {
-                            mode = Some(XdpModeState::Multiple)
-                        }
+                        LinkXdp::Attached(Attached::Driver) => mode = Some(XdpMode::Native),
+                        LinkXdp::Attached(Attached::SocketBuffer) => mode = Some(XdpMode::Generic),
                         LinkXdp::ProgId(id) => prog = Some(*id),
                         _ => {}
                     }
                 }
-                if let (Some(m), Some(p)) = (mode, prog) {
-                    link.xdp = Some((p, m));
+                if let Some(program) = prog.filter(|p| *p != 0) {
+                    link.xdp = Some(XdpAttached { program, mode });
                 }
             }
             _ => {}
         }
     }
     link
+}
+
+fn route_dst(m: &RouteMessage) -> Option<Ipv4Addr> {
+    if m.header.address_family != AddressFamily::Inet {
+        return None;
+    }
+    Some(
+        m.attributes
+            .iter()
+            .find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
+                _ => None,
+            })
+            .unwrap_or(Ipv4Addr::UNSPECIFIED),
+    )
 }
 
 fn parse_route(m: &RouteMessage) -> Option<Route> {

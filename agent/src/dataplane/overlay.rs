@@ -17,48 +17,33 @@
 //! MTU makes the kernel answer oversized packets with ICMP "fragmentation
 //! needed" before the program sees them.
 
-use std::{collections::HashMap, net::Ipv4Addr, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::Path,
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result, bail};
-use dataplane_common::{CONFIG_F_READY, DataplaneConfig, VXLAN_OVERHEAD, program_names};
-use futures::{StreamExt as _, TryStreamExt as _};
+use dataplane_common::{
+    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_READY, DataplaneConfig, VXLAN_OVERHEAD, map_names,
+    program_names,
+};
+use ipnet::Ipv4Net;
+use tokio::time::Instant;
 
 use super::{
+    DataplaneSpec, HostRouting, Peer, PeerUpdate, XdpMode,
     bpffs::PinDir,
-    loader::{self, Attachment, Hook, Loaded, XdpModeName},
-    maps::{Counters, PeerMaps},
+    endpoints::{EndpointSpec, EndpointSync, Endpoints},
+    host,
+    loader::{self, Attachment, Hook, LoadOptions, Loaded, Replaced},
+    maps::{Counters, EndpointMap, PeerMaps},
+    netfilter::{self, NetfilterSpec},
     netlink::{Link, Netlink, Route},
-    sysctl,
+    sysctl, trace,
 };
-use crate::{
-    lease::subnet::Ipv4Net,
-    mac::MacAddr,
-    peers::{Peer, PeerUpdate},
-};
-
-/// Where decapsulation runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecapMode {
-    /// XDP, native if the driver has it, else generic.
-    XdpAuto,
-    XdpNative,
-    XdpGeneric,
-    /// TC ingress on the uplink.
-    Tc,
-}
-
-/// What the overlay is built from.
-#[derive(Clone, Debug)]
-pub struct OverlaySpec {
-    pub uplink: String,
-    pub public_ip: Ipv4Addr,
-    pub vni: u32,
-    pub port: u16,
-    pub vtep_mac: MacAddr,
-    pub subnet: Ipv4Net,
-    pub decap: DecapMode,
-    pub pins: PinDir,
-}
+use crate::backoff::Backoff;
 
 /// The overlay device's name for a VNI (flannel: `flannel.<VNI>`).
 pub fn device_name(vni: u32) -> String {
@@ -66,26 +51,134 @@ pub fn device_name(vni: u32) -> String {
 }
 
 /// The other end of the overlay device's veth pair.
-pub fn device_peer_name(vni: u32) -> String {
+fn device_peer_name(vni: u32) -> String {
     format!("weft.{vni}.p")
 }
 
+/// flannel's device for a VNI: routes through it are taken over when a node
+/// moves from flannel to Weft.
+fn flannel_device_name(vni: u32) -> String {
+    format!("flannel.{vni}")
+}
+
+/// Retries of a peer that could not be programmed: 1 s, 2 s, ... 30 s.
+const PROBLEM_RETRY: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+
+/// What keeps a peer from being fully programmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum ProblemKind {
+    /// The peer map is full (`--max-peers`): the peer is not in it.
+    MapFull,
+    /// The map entry failed for another reason.
+    Map,
+    /// The peer is in the map but its route is not installed.
+    Route,
+}
+
+impl ProblemKind {
+    pub(crate) const ALL: [ProblemKind; 3] =
+        [ProblemKind::MapFull, ProblemKind::Map, ProblemKind::Route];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ProblemKind::MapFull => "map_full",
+            ProblemKind::Map => "map",
+            ProblemKind::Route => "route",
+        }
+    }
+}
+
+/// A peer that could not be programmed fully, retried with backoff.
+#[derive(Clone, Debug)]
+pub(crate) struct Problem {
+    pub(crate) peer: Peer,
+    pub(crate) kind: ProblemKind,
+    pub(crate) error: String,
+    attempts: u32,
+    retry_at: Instant,
+}
+
+/// The eBPF datapath on one node.
 pub struct Overlay {
-    spec: OverlaySpec,
+    spec: DataplaneSpec,
+    subnet: Ipv4Net,
     nl: Netlink,
     maps: PeerMaps,
     counters: Arc<Counters>,
     /// What the peer map holds (mirror).
     peers: HashMap<Ipv4Net, Peer>,
+    /// Peers not (fully) programmed, by subnet.
+    problems: BTreeMap<Ipv4Net, Problem>,
     device_index: u32,
+    /// flannel's device for our VNI, if the node has one.
+    flannel_index: Option<u32>,
     uplink: Link,
     attachments: Vec<Attachment>,
+    /// Where decapsulation runs, and why.
+    decap: DecapChoice,
+    /// The loaded programs, for the pods' veths as they come.
+    loaded: Loaded,
+    endpoint_map: EndpointMap,
+    endpoints: Endpoints,
+    /// Forwards the programs' drop trace to the log (`--trace-drops`).
+    _trace: Option<trace::DropTrace>,
+    /// Peers reached without encapsulation (DirectRouting), by subnet.
+    direct: HashSet<Ipv4Net>,
+    /// The subnets the uplink's addresses are on: a peer whose VTEP is on
+    /// one of them is on our L2 segment.
+    uplink_nets: Vec<Ipv4Net>,
+    /// The overlay device's MTU.
+    mtu: u32,
+}
+
+/// What one pass of [`Overlay::heal`] did.
+#[derive(Debug, Default)]
+pub struct Healed {
+    /// What was found missing and put back (`device`, `address`,
+    /// `programs`, `routes`, `sysctls`, `nftables`, `forward_rules`).
+    pub repairs: Vec<&'static str>,
+    /// The overlay MTU changed (it follows the uplink's).
+    pub mtu_changed: bool,
+}
+
+/// Where decapsulation runs on the uplink, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecapChoice {
+    /// `xdp-native`, `xdp-generic` or `tc`.
+    pub hook: &'static str,
+    pub why: String,
 }
 
 impl Overlay {
-    /// Sets up (or converges) everything; adopts pinned programs and maps
-    /// from an earlier run without detaching them.
-    pub async fn setup(spec: OverlaySpec) -> Result<Self> {
+    /// Sets up (or converges) everything around our `subnet`; adopts pinned
+    /// programs and maps from an earlier run without detaching them.
+    ///
+    /// A failure leaves the node as it was: a node that had no Weft
+    /// dataplane has nothing left behind; one that had a running dataplane
+    /// keeps it (still forwarding with the programs it had).
+    pub async fn setup(spec: &DataplaneSpec, subnet: Ipv4Net) -> Result<Self> {
+        let fresh = !spec.pins.has_links();
+        match Self::setup_inner(spec.clone(), subnet).await {
+            Ok(o) => Ok(o),
+            Err(e) if fresh => {
+                tracing::error!(error = %format!("{e:#}"), "dataplane setup failed; removing what it created");
+                match teardown(&spec.pins, spec.vni, &spec.state_dir).await {
+                    Ok(removed) => {
+                        for r in removed {
+                            tracing::info!("rolled back: removed {r}");
+                        }
+                    }
+                    Err(te) => {
+                        tracing::error!(error = %format!("{te:#}"), "rolling back the failed setup")
+                    }
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn setup_inner(spec: DataplaneSpec, subnet: Ipv4Net) -> Result<Self> {
         let nl = Netlink::new()?;
         let uplink = nl.require_link(&spec.uplink).await?;
         if uplink.mtu <= VXLAN_OVERHEAD + 68 {
@@ -96,23 +189,35 @@ impl Overlay {
             );
         }
         let dev = device_name(spec.vni);
-        let mtu = uplink.mtu - VXLAN_OVERHEAD;
+        let mtu = overlay_mtu(&spec, uplink.mtu);
+        if let Some(m) = spec.underlay_mtu
+            && m > uplink.mtu
+        {
+            tracing::warn!(
+                backend_mtu = m,
+                uplink_mtu = uplink.mtu,
+                "Backend.MTU is larger than the uplink's MTU: packets that fill the overlay MTU cannot leave"
+            );
+        }
 
         // The overlay device, whose egress TC program does the work.
         let peer = device_peer_name(spec.vni);
-        // IPv4 only: no IPv6 link-local chatter into the encapsulation path
-        // (set on the default before creating, and on both ends after).
-        let device_index = nl
+        let (device_index, created) = nl
             .ensure_overlay_device(&dev, &peer, spec.vtep_mac.0, mtu)
             .await?;
+        if created {
+            tracing::info!(device = %dev, mtu, "created the overlay device");
+        }
+        // IPv4 only: no IPv6 link-local chatter into the encapsulation path.
         for d in [&dev, &peer] {
             let _ = sysctl::write_iface("ipv6", d, "disable_ipv6", "1");
         }
-        nl.ensure_only_address(device_index, spec.subnet.addr(), 32)
+        nl.ensure_only_address(device_index, subnet.network(), 32)
             .await?;
-        host_sysctls(&spec.uplink)?;
+        host::apply(&spec.uplink, &spec.state_dir)?;
 
-        if spec.decap != DecapMode::Tc {
+        let plan = decap_plan(spec.xdp_mode, &uplink);
+        if !plan.0.is_empty() {
             match super::ethtool::ensure_gro(&spec.uplink) {
                 Ok(true) => tracing::info!(uplink = %spec.uplink, "turned GRO on for the uplink"),
                 Ok(false) => {}
@@ -122,48 +227,176 @@ impl Overlay {
             }
         }
 
-        // Programs and maps.
-        let adopting = spec.pins.has_pins();
-        let attachments = {
-            let pins = spec.pins.clone();
-            let uplink_name = spec.uplink.clone();
-            let dev = dev.clone();
-            let decap = spec.decap;
-            off_runtime(move || attach(&pins, &uplink_name, &dev, decap))?
+        // Programs and maps: load (reusing pinned maps of the right
+        // layout), fill the maps, and only then swap the programs in, so an
+        // upgrade that replaces maps never runs programs on empty ones.
+        let adopting = spec.pins.has_links();
+        let opts = LoadOptions {
+            trace_drops: spec.trace_drops,
+            max_peers: spec.max_peers,
         };
+        let mut loaded = {
+            let pins = spec.pins.clone();
+            off_runtime(move || Loaded::load(&pins, &opts))?
+        };
+        let replaced = loaded.take_replaced();
+        let maps = PeerMaps::open(&spec.pins)?;
+        let endpoint_map = EndpointMap::open(&spec.pins)?;
+        let counters = Arc::new(Counters::open(&spec.pins)?);
+        let flannel_index = nl
+            .link(&flannel_device_name(spec.vni))
+            .await?
+            .map(|l| l.index);
+        let uplink_nets = uplink_nets(&nl, uplink.index).await?;
+        let mut o = Self {
+            spec,
+            subnet,
+            nl,
+            maps,
+            counters,
+            peers: HashMap::new(),
+            problems: BTreeMap::new(),
+            device_index,
+            flannel_index,
+            uplink,
+            attachments: Vec::new(),
+            decap: DecapChoice {
+                hook: "tc",
+                why: String::new(),
+            },
+            loaded,
+            endpoint_map,
+            endpoints: Endpoints::default(),
+            _trace: None,
+            direct: HashSet::new(),
+            uplink_nets,
+            mtu,
+        };
+        netfilter::apply(&o.netfilter())?;
+        o.write_config()?;
+        o.carry_over(replaced)?;
+        o.peers = o.maps.peers()?;
+        o.direct = o.maps.direct_subnets()?;
+        o.maps.rebuild_vteps(&o.peers)?;
+
+        let (attachments, decap, logger) = {
+            let pins = o.spec.pins.clone();
+            let uplink_name = o.spec.uplink.clone();
+            let dev = dev.clone();
+            let bypass = o.spec.host_routing != HostRouting::Legacy;
+            let loaded = &mut o.loaded;
+            off_runtime(move || -> Result<_> {
+                let (attachments, decap) = attach(loaded, &pins, &uplink_name, &dev, plan, bypass)?;
+                let logger = if loaded.traces_drops() {
+                    Some(loaded.drop_logger()?)
+                } else {
+                    None
+                };
+                Ok((attachments, decap, logger))
+            })?
+        };
+        tracing::info!(hook = decap.hook, why = %decap.why, host_routing = o.spec.host_routing.as_str(), "decapsulation");
+        o.decap = decap;
         for a in &attachments {
             tracing::info!(
                 program = a.program,
                 iface = %a.iface,
                 hook = a.hook.name(),
-                xdp_mode = a.xdp_mode.map(|m| m.as_str()).unwrap_or("-"),
+                xdp_mode = a.xdp_mode.map_or("-", |m| m.as_str()),
                 adopted = a.adopted,
                 "program attached"
             );
         }
-        let mut maps = PeerMaps::open(&spec.pins)?;
-        let counters = Arc::new(Counters::open(&spec.pins)?);
-        let peers = maps.peers()?;
+        o.attachments = attachments;
+        loader::remove_other_versions(&o.spec.pins)?;
         if adopting {
             tracing::info!(
-                peers = peers.len(),
+                peers = o.peers.len(),
                 "adopted the pinned dataplane of an earlier run"
             );
         }
-        maps.rebuild_vteps(&peers)?;
-        let mut o = Self {
-            spec,
-            nl,
-            maps,
-            counters,
-            peers,
-            device_index,
-            uplink,
-            attachments,
-        };
-        o.write_config()?;
+        if let Some(logger) = logger {
+            o._trace = Some(trace::DropTrace::start(logger)?);
+        }
         o.reconcile_routes().await?;
         Ok(o)
+    }
+
+    /// Carries peers over from pinned maps this load replaced (another
+    /// capacity, or an older layout with the same entries), so an upgrade
+    /// keeps forwarding. Maps whose entries differ are left to be filled
+    /// from etcd.
+    fn carry_over(&mut self, replaced: Vec<Replaced>) -> Result<()> {
+        for r in replaced {
+            if r.name != map_names::PEERS {
+                continue;
+            }
+            match PeerMaps::read_peers(r.old) {
+                Ok(peers) => {
+                    let mut n = 0;
+                    for p in peers.values() {
+                        if self.maps.upsert(p, None, false).is_ok() {
+                            n += 1;
+                        }
+                    }
+                    tracing::info!(
+                        peers = n,
+                        from_version = r.version,
+                        "carried the peers over into the new peer map"
+                    );
+                }
+                Err(e) => tracing::warn!(
+                    error = %format!("{e:#}"),
+                    from_version = r.version,
+                    "the replaced peer map cannot be read; its peers come back from etcd"
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// What netfilter should hold.
+    fn netfilter(&self) -> NetfilterSpec {
+        NetfilterSpec {
+            network: self.spec.network,
+            subnet: self.subnet,
+            // The gate asks conntrack: make sure it tracks here.
+            track: self.spec.host_routing == HostRouting::Auto && self.loaded.has_conntrack(),
+            masquerade: self.spec.masquerade,
+            forward_rules: self.spec.forward_rules,
+        }
+    }
+
+    /// The overlay device's MTU.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// The subnets of the peers reached without encapsulation.
+    pub fn direct(&self) -> &HashSet<Ipv4Net> {
+        &self.direct
+    }
+
+    /// Whether `p` is reached without encapsulation: DirectRouting is on
+    /// and its VTEP is on one of the uplink's subnets (as flannel decides).
+    fn is_direct(&self, p: &Peer) -> bool {
+        self.spec.direct_routing && self.uplink_nets.iter().any(|n| n.contains(&p.vtep))
+    }
+
+    /// The route to `p`'s subnet: through the overlay device, or (direct)
+    /// through the uplink to the peer's public IP, as flannel installs it.
+    fn route_for(&self, p: &Peer) -> Route {
+        if self.direct.contains(&p.subnet) {
+            Route {
+                dst: p.subnet.network(),
+                prefix_len: p.subnet.prefix_len(),
+                gateway: Some(p.vtep),
+                oif: self.uplink.index,
+                onlink: false,
+            }
+        } else {
+            route_for(p, self.device_index)
+        }
     }
 
     fn write_config(&mut self) -> Result<()> {
@@ -176,7 +409,17 @@ impl Overlay {
             uplink_mtu: self.uplink.mtu,
             vtep_mac: self.spec.vtep_mac.0,
             uplink_mac: self.uplink.mac,
-            flags: CONFIG_F_READY,
+            flags: CONFIG_F_READY
+                | match self.spec.host_routing {
+                    HostRouting::Legacy => 0,
+                    HostRouting::Bpf => CONFIG_F_BYPASS,
+                    HostRouting::Auto if self.loaded.has_conntrack() => {
+                        CONFIG_F_BYPASS | CONFIG_F_CT_GATE
+                    }
+                    // Without conntrack's kfuncs nothing can tell which flows
+                    // netfilter would let through unchanged: no bypass.
+                    HostRouting::Auto => 0,
+                },
         };
         self.maps.set_config(&c)
     }
@@ -193,121 +436,395 @@ impl Overlay {
         &self.peers
     }
 
-    pub fn device_index(&self) -> u32 {
-        self.device_index
+    /// Where decapsulation runs, and why.
+    pub fn decap(&self) -> &DecapChoice {
+        &self.decap
+    }
+
+    /// Makes the local pods host routing reaches match the registered
+    /// endpoints `want`.
+    pub async fn sync_endpoints(&mut self, want: &[EndpointSpec]) -> Result<EndpointSync> {
+        self.endpoints
+            .sync(
+                want,
+                &mut self.endpoint_map,
+                &mut self.loaded,
+                &self.spec.pins,
+                &self.nl,
+                &self.spec.uplink,
+            )
+            .await
+    }
+
+    /// Peers not (fully) programmed.
+    pub(crate) fn problems(&self) -> impl Iterator<Item = &Problem> {
+        self.problems.values()
     }
 
     /// Our own subnet changed (the lease was lost and re-acquired).
     pub async fn set_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
-        if subnet == self.spec.subnet {
+        if subnet == self.subnet {
             return Ok(());
         }
-        self.spec.subnet = subnet;
+        self.subnet = subnet;
         self.nl
-            .ensure_only_address(self.device_index, subnet.addr(), 32)
+            .ensure_only_address(self.device_index, subnet.network(), 32)
             .await?;
+        netfilter::apply(&self.netfilter())?;
         // Routes carry the device's address as their source: rewrite them.
-        for p in self.peers.values() {
-            self.nl
-                .replace_route(&route_for(p, self.device_index), Some(subnet.addr()))
-                .await?;
-        }
-        Ok(())
+        let peers: Vec<Peer> = self.peers.values().copied().collect();
+        self.install_routes(&peers).await
     }
 
     /// Installs or replaces one peer: the map entry is replaced in place, so
     /// no packet sees the subnet without a VTEP or with a half-written one.
     pub async fn upsert(&mut self, p: Peer) -> Result<()> {
-        if p.subnet.overlaps(&self.spec.subnet) {
-            bail!(
-                "refusing peer {} at {}: it overlaps this node's own subnet",
-                p.subnet,
-                p.vtep
-            );
+        self.apply_batch(&[PeerUpdate::Upsert(p)]).await?;
+        match self.problems.get(&p.subnet) {
+            Some(pr) => bail!("peer {}: {}", p.subnet, pr.error),
+            None => Ok(()),
         }
-        self.apply_batch(&[PeerUpdate::Upsert(p)]).await
     }
 
     /// Applies many updates at once: map entries one by one, in order, and
     /// the routes of new peers concurrently (the slow part when thousands
-    /// of leases arrive together).
+    /// of leases arrive together). A peer that cannot be programmed (map
+    /// full, a route in the way) is recorded as a problem and retried; it
+    /// never stops the others.
     pub async fn apply_batch(&mut self, updates: &[PeerUpdate]) -> Result<()> {
-        let mut new_routes: HashMap<Ipv4Net, Route> = HashMap::new();
+        let mut new_routes: HashMap<Ipv4Net, Peer> = HashMap::new();
+        let mut freed = false;
         for u in updates {
             match u {
                 PeerUpdate::Upsert(p) => {
-                    if p.subnet.overlaps(&self.spec.subnet) {
+                    if crate::net::overlaps(&p.subnet, &self.subnet) {
                         tracing::error!(subnet = %p.subnet, vtep = %p.vtep, "refusing a peer that overlaps this node's own subnet");
                         continue;
                     }
-                    let old = self.peers.get(&p.subnet).copied();
-                    self.maps.upsert(p, old.as_ref())?;
-                    if old.is_none() {
-                        new_routes.insert(p.subnet, route_for(p, self.device_index));
+                    let route_missing = self
+                        .problems
+                        .remove(&p.subnet)
+                        .is_some_and(|pr| pr.kind == ProblemKind::Route);
+                    match self.program(p) {
+                        Some(fresh) if fresh || route_missing => {
+                            new_routes.insert(p.subnet, *p);
+                        }
+                        _ => {}
                     }
-                    self.peers.insert(p.subnet, *p);
                 }
                 PeerUpdate::Remove(s) => {
                     new_routes.remove(s);
-                    self.remove(*s).await?;
+                    self.problems.remove(s);
+                    freed |= self.remove(*s).await?;
                 }
             }
         }
-        let src = self.spec.subnet.addr();
-        let nl = &self.nl;
-        futures::stream::iter(new_routes.values())
-            .map(|r| nl.replace_route(r, Some(src)))
-            .buffer_unordered(64)
-            .try_collect::<Vec<()>>()
-            .await?;
+        // Peers already routed keep their route; the new ones get one.
+        let peers: Vec<Peer> = new_routes.into_values().collect();
+        self.install_routes(&peers).await?;
+        if freed {
+            // Room in the map: peers that did not fit are tried again now.
+            let now = Instant::now();
+            for pr in self.problems.values_mut() {
+                if pr.kind == ProblemKind::MapFull {
+                    pr.retry_at = now;
+                }
+            }
+        }
         Ok(())
     }
 
-    pub async fn remove(&mut self, subnet: Ipv4Net) -> Result<()> {
-        let Some(old) = self.peers.remove(&subnet) else {
+    /// Writes `p` into the peer map: `Some(true)` for a peer new to the
+    /// map (it needs its route), `Some(false)` for one replaced in place,
+    /// `None` (and a recorded problem) if it could not be written.
+    fn program(&mut self, p: &Peer) -> Option<bool> {
+        let old = self.peers.get(&p.subnet).copied();
+        let direct = self.is_direct(p);
+        let was_direct = self.direct.contains(&p.subnet);
+        if old == Some(*p) && direct == was_direct {
+            return Some(false);
+        }
+        match self.maps.upsert(p, old.as_ref(), direct) {
+            Ok(()) => {
+                self.peers.insert(p.subnet, *p);
+                if direct {
+                    self.direct.insert(p.subnet);
+                } else {
+                    self.direct.remove(&p.subnet);
+                }
+                // A direct route names the VTEP: it changes with it.
+                let vtep_moved = old.is_some_and(|o| o.vtep != p.vtep);
+                Some(old.is_none() || direct != was_direct || direct && vtep_moved)
+            }
+            Err(e) => {
+                let kind = if super::maps::is_full(&e) {
+                    ProblemKind::MapFull
+                } else {
+                    ProblemKind::Map
+                };
+                self.record(*p, kind, format!("{e:#}"));
+                None
+            }
+        }
+    }
+
+    fn record(&mut self, peer: Peer, kind: ProblemKind, error: String) {
+        let attempts = self
+            .problems
+            .get(&peer.subnet)
+            .filter(|pr| pr.kind == kind)
+            .map_or(0, |pr| pr.attempts + 1);
+        let wait = PROBLEM_RETRY.delay(attempts);
+        if attempts == 0 {
+            let hint = match kind {
+                ProblemKind::MapFull => "; raise --max-peers",
+                _ => "",
+            };
+            tracing::error!(subnet = %peer.subnet, vtep = %peer.vtep, problem = kind.name(), retry_in = ?wait, "peer not programmed: {error}{hint}");
+        } else {
+            tracing::debug!(subnet = %peer.subnet, problem = kind.name(), attempts, retry_in = ?wait, "peer still not programmed: {error}");
+        }
+        self.problems.insert(
+            peer.subnet,
+            Problem {
+                peer,
+                kind,
+                error,
+                attempts,
+                retry_at: Instant::now() + wait,
+            },
+        );
+    }
+
+    /// Installs the routes of `peers`; failures become problems.
+    async fn install_routes(&mut self, peers: &[Peer]) -> Result<()> {
+        if peers.is_empty() {
             return Ok(());
+        }
+        let routes: Vec<Route> = peers.iter().map(|p| self.route_for(p)).collect();
+        let results = self
+            .nl
+            .install_routes(&routes, Some(self.subnet.network()), self.flannel_index)
+            .await?;
+        for (p, r) in peers.iter().zip(results) {
+            match r {
+                Ok(()) => {
+                    if self.problems.remove(&p.subnet).is_some() {
+                        tracing::info!(subnet = %p.subnet, "peer programmed after all");
+                    }
+                }
+                Err(e) => self.record(*p, ProblemKind::Route, e.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Tries again the peers whose retry time has come.
+    pub(crate) async fn retry_problems(&mut self) -> Result<()> {
+        let now = Instant::now();
+        let due: Vec<Problem> = self
+            .problems
+            .values()
+            .filter(|pr| pr.retry_at <= now)
+            .cloned()
+            .collect();
+        let mut routes = Vec::new();
+        for pr in due {
+            match pr.kind {
+                ProblemKind::Route => routes.push(pr.peer),
+                ProblemKind::MapFull | ProblemKind::Map => {
+                    if self.program(&pr.peer).is_some() {
+                        routes.push(pr.peer);
+                    }
+                }
+            }
+        }
+        self.install_routes(&routes).await
+    }
+
+    /// Removes the peer of `subnet`; returns whether the map had it.
+    pub async fn remove(&mut self, subnet: Ipv4Net) -> Result<bool> {
+        let Some(old) = self.peers.remove(&subnet) else {
+            return Ok(false);
         };
         // Route first, so the kernel stops sending into the overlay, then
-        // the map entry.
-        self.nl
-            .del_route(&route_for(&old, self.device_index))
-            .await?;
-        self.maps.remove(&old)
+        // the map entry. Only our own route (protocol 44) is ever deleted.
+        self.nl.del_route(&self.route_for(&old)).await?;
+        self.direct.remove(&subnet);
+        self.maps.remove(&old)?;
+        Ok(true)
     }
 
     /// Removes every peer not in `keep` (after adopting a pinned map, for
     /// leases that vanished while the agent was away).
-    pub async fn retain(&mut self, keep: &std::collections::HashSet<Ipv4Net>) -> Result<usize> {
+    pub async fn retain(&mut self, keep: &HashSet<Ipv4Net>) -> Result<usize> {
         let gone: Vec<Ipv4Net> = self
             .peers
             .keys()
+            .chain(self.problems.keys())
             .filter(|s| !keep.contains(s))
             .copied()
+            .collect::<HashSet<_>>()
+            .into_iter()
             .collect();
         for s in &gone {
+            self.problems.remove(s);
             self.remove(*s).await?;
         }
         Ok(gone.len())
     }
 
-    /// Makes the kernel's Weft routes match the peer table.
-    async fn reconcile_routes(&mut self) -> Result<()> {
-        let want: Vec<Route> = self
+    /// Checks everything the datapath relies on and puts back what
+    /// something else removed: the overlay device (up, no ARP, its MAC and
+    /// MTU), its address, the attached programs, the sysctls, Weft's routes
+    /// and its netfilter rules. Also follows the uplink's MTU. Cheap when
+    /// nothing is missing (a few netlink requests), so it runs every few
+    /// seconds and whenever rtnetlink reports a change.
+    pub async fn heal(&mut self) -> Result<Healed> {
+        let mut h = Healed::default();
+        let Some(uplink) = self.nl.link_by_index(self.uplink.index).await? else {
+            bail!("the uplink {} is gone", self.spec.uplink);
+        };
+        if uplink.mtu != self.uplink.mtu {
+            tracing::info!(
+                uplink = %uplink.name,
+                from = self.uplink.mtu,
+                to = uplink.mtu,
+                "the uplink's MTU changed"
+            );
+            self.uplink.mtu = uplink.mtu;
+            self.write_config()?;
+        }
+        let mtu = overlay_mtu(&self.spec, uplink.mtu);
+        if mtu != self.mtu {
+            tracing::info!(from = self.mtu, to = mtu, "the overlay MTU follows");
+            self.mtu = mtu;
+            h.mtu_changed = true;
+        }
+
+        // The device: gone (and its routes and program with it), or changed.
+        let dev = device_name(self.spec.vni);
+        let peer = device_peer_name(self.spec.vni);
+        let mac = self.spec.vtep_mac.0;
+        let link = self.nl.link(&dev).await?;
+        let recreate = link.as_ref().is_none_or(|l| l.index != self.device_index);
+        let changed = link
+            .as_ref()
+            .is_none_or(|l| !l.up || l.arp || l.mac != mac || l.mtu != mtu);
+        if recreate {
+            // The link pinned for the old device is defunct.
+            let pins = self.spec.pins.clone();
+            let d = dev.clone();
+            off_runtime(move || loader::detach(&pins, Hook::TcEgress, &d))?;
+        }
+        if changed {
+            let (index, _) = self.nl.ensure_overlay_device(&dev, &peer, mac, mtu).await?;
+            self.device_index = index;
+            if recreate
+                || link
+                    .as_ref()
+                    .is_some_and(|l| !l.up || l.arp || l.mac != mac)
+            {
+                h.repairs.push("device");
+            }
+            for d in [&dev, &peer] {
+                let _ = sysctl::write_iface("ipv6", d, "disable_ipv6", "1");
+            }
+        }
+        if self.nl.addresses(self.device_index).await? != [(self.subnet.network(), 32)] {
+            self.nl
+                .ensure_only_address(self.device_index, self.subnet.network(), 32)
+                .await?;
+            h.repairs.push("address");
+        }
+
+        // The programs.
+        let detached = recreate || {
+            let (loaded, attachments) = (&mut self.loaded, &self.attachments);
+            // XDP's check asks rtnetlink on a runtime of its own.
+            off_runtime(move || -> Result<bool> {
+                for a in attachments {
+                    if !loaded.is_attached(a)? {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            })?
+        };
+        if detached {
+            let pins = self.spec.pins.clone();
+            let uplink_name = self.spec.uplink.clone();
+            let bypass = self.spec.host_routing != HostRouting::Legacy;
+            let plan = decap_plan(self.spec.xdp_mode, &uplink);
+            let loaded = &mut self.loaded;
+            let d = dev.clone();
+            let (attachments, decap) =
+                off_runtime(move || attach(loaded, &pins, &uplink_name, &d, plan, bypass))?;
+            self.attachments = attachments;
+            self.decap = decap;
+            h.repairs.push("programs");
+        }
+        if self.spec.host_routing != HostRouting::Legacy
+            && self.endpoints.heal(&mut self.loaded) > 0
+            && !h.repairs.contains(&"programs")
+        {
+            h.repairs.push("programs");
+        }
+
+        if host::apply(&self.spec.uplink, &self.spec.state_dir)? {
+            h.repairs.push("sysctls");
+        }
+
+        // Routes: every programmed peer's (those with a route problem are
+        // retried on their own schedule), and no stale one of ours.
+        let want: HashMap<(std::net::Ipv4Addr, u8), Route> = self
             .peers
             .values()
-            .map(|p| route_for(p, self.device_index))
+            .filter(|p| !self.problems.contains_key(&p.subnet))
+            .map(|p| {
+                let r = self.route_for(p);
+                ((r.dst, r.prefix_len), r)
+            })
             .collect();
+        // Sets: tens of thousands of peers are checked every few seconds.
+        let have: HashSet<Route> = self.nl.weft_routes().await?.into_iter().collect();
+        let mut missing: Vec<Peer> = Vec::new();
+        for p in self.peers.values() {
+            if let Some(r) = want.get(&(p.subnet.network(), p.subnet.prefix_len()))
+                && !have.contains(r)
+            {
+                missing.push(*p);
+            }
+        }
+        for r in &have {
+            if !self
+                .peers
+                .contains_key(&Ipv4Net::new(r.dst, r.prefix_len).unwrap_or_default())
+            {
+                tracing::info!(dst = %r.dst, prefix_len = r.prefix_len, "removing a route of Weft's to no peer");
+                self.nl.del_route(r).await?;
+            }
+        }
+        if !missing.is_empty() {
+            tracing::debug!(routes = missing.len(), "reinstalling missing routes");
+            self.install_routes(&missing).await?;
+            h.repairs.push("routes");
+        }
+
+        h.repairs.extend(netfilter::heal(&self.netfilter())?);
+        Ok(h)
+    }
+
+    /// Makes the kernel's Weft routes match the peer table.
+    async fn reconcile_routes(&mut self) -> Result<()> {
+        let want: HashSet<Route> = self.peers.values().map(|p| self.route_for(p)).collect();
         for r in self.nl.weft_routes().await? {
             if !want.contains(&r) {
                 self.nl.del_route(&r).await?;
             }
         }
-        for r in &want {
-            self.nl
-                .replace_route(r, Some(self.spec.subnet.addr()))
-                .await?;
-        }
-        Ok(())
+        let peers: Vec<Peer> = self.peers.values().copied().collect();
+        self.install_routes(&peers).await
     }
 }
 
@@ -320,64 +837,106 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 fn route_for(p: &Peer, device_index: u32) -> Route {
     Route {
-        dst: p.subnet.addr(),
+        dst: p.subnet.network(),
         prefix_len: p.subnet.prefix_len(),
-        gateway: Some(p.subnet.addr()),
+        gateway: Some(p.subnet.network()),
         oif: device_index,
         onlink: true,
     }
 }
 
-fn attach(pins: &PinDir, uplink: &str, dev: &str, decap: DecapMode) -> Result<Vec<Attachment>> {
-    let mut loaded = Loaded::load(pins)?;
-    let mut out = vec![loaded.attach_tc(program_names::ENCAP, dev, Hook::TcEgress)?];
-    let xdp_modes: &[XdpModeName] = match decap {
-        DecapMode::XdpAuto => &[XdpModeName::Native, XdpModeName::Generic],
-        DecapMode::XdpNative => &[XdpModeName::Native],
-        DecapMode::XdpGeneric => &[XdpModeName::Generic],
-        DecapMode::Tc => &[],
-    };
-    if xdp_modes.is_empty() {
-        loader::detach(pins, Hook::Xdp, uplink)?;
-        out.push(loaded.attach_tc(program_names::DECAP_TC, uplink, Hook::TcIngress)?);
-    } else {
-        out.push(loaded.attach_xdp(program_names::DECAP_XDP, uplink, xdp_modes)?);
-        loader::detach(pins, Hook::TcIngress, uplink)?;
+type Attached = (Vec<Attachment>, DecapChoice);
+
+/// The XDP modes to try for decapsulation (none: TC), and why.
+fn decap_plan(mode: XdpMode, uplink: &Link) -> (Vec<XdpMode>, String) {
+    match mode {
+        XdpMode::Off => (vec![], "--xdp-mode off".into()),
+        XdpMode::Native => (vec![XdpMode::Native], "--xdp-mode native".into()),
+        XdpMode::Generic => (vec![XdpMode::Generic], "--xdp-mode generic".into()),
+        XdpMode::Auto if uplink.kind.as_deref() == Some("veth") => (
+            vec![],
+            "the uplink is a veth: XDP on a veth strips GSO from its peer and copies every frame, TC keeps the large packets".into(),
+        ),
+        XdpMode::Auto => (
+            vec![XdpMode::Native],
+            "native XDP on a device driver: decapsulated before the stack, merged by GRO after".into(),
+        ),
     }
-    Ok(out)
 }
 
-/// Forwarding on; loose reverse-path filtering on the uplink, where
-/// decapsulated packets from remote pods arrive (their route back is via
-/// the overlay device, which strict mode would reject).
-fn host_sysctls(uplink: &str) -> Result<()> {
-    if sysctl::read("net.ipv4.ip_forward")? != "1" {
-        sysctl::write("net.ipv4.ip_forward", "1")?;
-        tracing::info!("enabled net.ipv4.ip_forward");
-    }
-    let all: u8 = sysctl::read_iface("ipv4", "all", "rp_filter")?
-        .parse()
-        .unwrap_or(0);
-    let dev: u8 = sysctl::read_iface("ipv4", uplink, "rp_filter")?
-        .parse()
-        .unwrap_or(0);
-    if all.max(dev) == 1 {
-        sysctl::write_iface("ipv4", uplink, "rp_filter", "2")?;
-        if all == 1 {
-            sysctl::write_iface("ipv4", "all", "rp_filter", "2")?;
+fn attach(
+    loaded: &mut Loaded,
+    pins: &PinDir,
+    uplink: &str,
+    dev: &str,
+    (xdp_modes, why): (Vec<XdpMode>, String),
+    bypass: bool,
+) -> Result<Attached> {
+    let mut out = vec![loaded.attach_tc(program_names::ENCAP, dev, Hook::TcEgress)?];
+    let xdp = if xdp_modes.is_empty() {
+        None
+    } else {
+        match loaded.attach_xdp(program_names::DECAP_XDP, uplink, &xdp_modes) {
+            Ok(a) => Some(a),
+            // Auto only tries native XDP, and falls back to TC.
+            Err(e) if xdp_modes == [XdpMode::Native] && why.starts_with("native") => {
+                tracing::info!(uplink, error = %format!("{e:#}"), "no native XDP on the uplink; decapsulating in TC");
+                None
+            }
+            Err(e) => return Err(e),
         }
-        tracing::info!(
-            uplink,
-            "set loose reverse-path filtering (rp_filter=2) on the uplink"
-        );
-    }
-    Ok(())
+    };
+    let decap = match xdp {
+        Some(a) => {
+            let hook = match a.xdp_mode {
+                Some(XdpMode::Generic) => "xdp-generic",
+                _ => "xdp-native",
+            };
+            out.push(a);
+            // After GRO, XDP-decapsulated frames for local pods go straight
+            // into them (host routing); nothing else needs TC.
+            if bypass {
+                out.push(loaded.attach_tc(program_names::DELIVER, uplink, Hook::TcIngress)?);
+            } else {
+                loader::detach(pins, Hook::TcIngress, uplink)?;
+            }
+            DecapChoice { hook, why }
+        }
+        None => {
+            loader::detach(pins, Hook::Xdp, uplink)?;
+            out.push(loaded.attach_tc(program_names::DECAP_TC, uplink, Hook::TcIngress)?);
+            let why = if xdp_modes.is_empty() {
+                why
+            } else {
+                "the driver has no native XDP".into()
+            };
+            DecapChoice { hook: "tc", why }
+        }
+    };
+    Ok((out, decap))
+}
+
+/// The overlay device's MTU: the underlay's (`Backend.MTU`, else the
+/// uplink's) less VXLAN's 50 bytes, as flannel sets it.
+fn overlay_mtu(spec: &DataplaneSpec, uplink_mtu: u32) -> u32 {
+    spec.underlay_mtu.unwrap_or(uplink_mtu) - VXLAN_OVERHEAD
+}
+
+/// The subnets the addresses of device `index` are on.
+async fn uplink_nets(nl: &Netlink, index: u32) -> Result<Vec<Ipv4Net>> {
+    Ok(nl
+        .addresses(index)
+        .await?
+        .into_iter()
+        .filter_map(|(ip, len)| Ipv4Net::new(ip, len).ok().map(|n| n.trunc()))
+        .collect())
 }
 
 /// Removes everything Weft created on this node: the programs (links), the
-/// pinned maps, the overlay device and with it its routes. Safe to run
-/// twice; returns what it removed.
-pub async fn teardown(pins: &PinDir, vni: u32) -> Result<Vec<String>> {
+/// pinned maps, the overlay device and with it its routes, and puts back
+/// the host settings it changed. Safe to run twice; returns what it
+/// removed.
+pub(crate) async fn teardown(pins: &PinDir, vni: u32, state_dir: &Path) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     let nl = Netlink::new()?;
     let pinned = loader::pinned_links(pins)?;
@@ -397,8 +956,12 @@ pub async fn teardown(pins: &PinDir, vni: u32) -> Result<Vec<String>> {
     if nl.delete_link(&dev).await? {
         removed.push(format!("device {dev}"));
     }
-    let maps_dir = pins.maps();
-    if maps_dir.exists() {
+    let mut dirs: Vec<std::path::PathBuf> = vec![pins.maps()];
+    dirs.extend(pins.other_map_versions().into_iter().map(|(_, d)| d));
+    for maps_dir in dirs {
+        if !maps_dir.exists() {
+            continue;
+        }
         for e in std::fs::read_dir(&maps_dir)
             .with_context(|| format!("reading {}", maps_dir.display()))?
         {
@@ -407,9 +970,10 @@ pub async fn teardown(pins: &PinDir, vni: u32) -> Result<Vec<String>> {
                 .with_context(|| format!("removing {}", e.path().display()))?;
             removed.push(format!("map {}", e.file_name().to_string_lossy()));
         }
+        let _ = std::fs::remove_dir(&maps_dir);
     }
-    for d in [pins.links(), pins.maps()] {
-        let _ = std::fs::remove_dir(&d);
-    }
+    let _ = std::fs::remove_dir(pins.links());
+    removed.extend(netfilter::remove()?);
+    removed.extend(host::restore(state_dir)?);
     Ok(removed)
 }

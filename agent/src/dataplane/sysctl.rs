@@ -9,18 +9,18 @@ fn path(key: &str) -> PathBuf {
     PathBuf::from("/proc/sys").join(key.replace('.', "/"))
 }
 
-pub fn read(key: &str) -> Result<String> {
+pub(crate) fn read(key: &str) -> Result<String> {
     Ok(std::fs::read_to_string(path(key))
         .with_context(|| format!("reading sysctl {key}"))?
         .trim()
         .to_string())
 }
 
-pub fn write(key: &str, value: &str) -> Result<()> {
+pub(super) fn write(key: &str, value: &str) -> Result<()> {
     std::fs::write(path(key), value).with_context(|| format!("setting sysctl {key}={value}"))
 }
 
-pub fn read_iface(family: &str, iface: &str, leaf: &str) -> Result<String> {
+pub(crate) fn read_iface(family: &str, iface: &str, leaf: &str) -> Result<String> {
     let p = PathBuf::from("/proc/sys/net")
         .join(family)
         .join("conf")
@@ -32,7 +32,7 @@ pub fn read_iface(family: &str, iface: &str, leaf: &str) -> Result<String> {
         .to_string())
 }
 
-pub fn write_iface(family: &str, iface: &str, leaf: &str, value: &str) -> Result<()> {
+pub(super) fn write_iface(family: &str, iface: &str, leaf: &str, value: &str) -> Result<()> {
     let p = PathBuf::from("/proc/sys/net")
         .join(family)
         .join("conf")

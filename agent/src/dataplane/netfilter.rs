@@ -1,0 +1,298 @@
+//! What Weft asks of netfilter, as nftables rules written over netlink.
+//!
+//! Weft's own table `ip weft`, replaced whole in one transaction (so there is
+//! never a moment without its rules, across a restart or an upgrade), holds:
+//!
+//! - chain `track` (`--host-routing auto`): `ct state` and a counter, no
+//!   verdict. The kernel only tracks connections in a network namespace once
+//!   some rule needs it (kube-proxy's do on any Kubernetes node); host
+//!   routing asks conntrack which flows the host stack let through.
+//! - chain `postrouting` (`--ip-masq`), flannel's masquerade rules:
+//!
+//!   ```text
+//!   meta mark & 0x4000 == 0x4000                return   # kube-proxy masquerades these
+//!   ip saddr <subnet>  ip daddr <network>       return   # pod to pod: never NATed
+//!   ip saddr <network> ip daddr <subnet>        return
+//!   ip saddr != <network> ip daddr <subnet>     return   # outside to a local pod: keep its source
+//!   ip saddr <network> ip daddr != 224.0.0.0/4  masquerade fully-random
+//!   ip saddr != <network> ip daddr <network>    masquerade fully-random
+//!   # (random, not fully-random, with --ip-masq-fully-random-disable)
+//!   ```
+//!
+//! A base chain's `return` ends that chain only, so other tools' tables
+//! (kube-proxy's, Docker's) keep working exactly as beside flannel's chain.
+//!
+//! `--iptables-forward-rules` (flannel's default): a FORWARD policy of DROP
+//! (as Docker sets it) lives in iptables' own `filter` table, and an accept
+//! in Weft's table cannot overrule a drop there. So two rules (`ip saddr
+//! <network> accept`, `ip daddr <network> accept`, comment
+//! [`FORWARD_COMMENT`]) are appended to iptables' `FORWARD` chain when it
+//! exists (iptables-nft), as flannel appends its own: rules already there
+//! (a NetworkPolicy's drop) still decide first, only the policy is
+//! overruled. They are found again by their comment, replaced in one
+//! transaction, and removed by `weft teardown`. Nothing else in that chain
+//! is touched.
+
+use anyhow::Result;
+use ipnet::Ipv4Net;
+
+use super::nftables::{
+    self, ChainSpec, Expr, MASQ_RANDOM_FULLY, NF_INET_FORWARD, NF_INET_POST_ROUTING, Rule,
+    TableSpec,
+};
+
+/// Weft's table.
+pub(crate) const TABLE: &str = "weft";
+/// iptables-nft's table and chain the forward rules go into.
+const IPTABLES_TABLE: &str = "filter";
+const IPTABLES_FORWARD: &str = "FORWARD";
+/// The comment that marks Weft's rules in iptables' `FORWARD` chain.
+pub(crate) const FORWARD_COMMENT: &str = "weft: forward pod traffic";
+/// `NF_NAT_RANGE_PROTO_RANDOM` (iptables' `--random`).
+const MASQ_RANDOM: u32 = 0x4;
+/// The mark kube-proxy sets on packets it masquerades itself.
+const KUBE_PROXY_MASQ_MARK: u32 = 0x4000;
+
+/// What netfilter should hold for this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NetfilterSpec {
+    /// The cluster network (flannel's `Network`).
+    pub(crate) network: Ipv4Net,
+    /// This node's pod subnet.
+    pub(crate) subnet: Ipv4Net,
+    /// Make conntrack track connections (for host routing's gate).
+    pub(crate) track: bool,
+    /// Masquerade pods' traffic leaving the cluster network; `Some(true)`:
+    /// with fully random source ports.
+    pub(crate) masquerade: Option<bool>,
+    /// Accept forwarded cluster traffic in iptables' FORWARD chain.
+    pub(crate) forward_rules: bool,
+}
+
+impl NetfilterSpec {
+    /// Whether Weft's table has anything to hold.
+    fn wants_table(&self) -> bool {
+        self.track || self.masquerade.is_some()
+    }
+
+    /// Weft's table.
+    pub(crate) fn table(&self) -> TableSpec {
+        let mut chains = Vec::new();
+        if self.track {
+            chains.push(ChainSpec {
+                name: "track",
+                kind: "filter",
+                hook: NF_INET_FORWARD,
+                priority: 0,
+                rules: vec![Rule {
+                    exprs: vec![Expr::CtState, Expr::Counter],
+                    comment: "weft: make conntrack track forwarded flows",
+                }],
+            });
+        }
+        if let Some(fully_random) = self.masquerade {
+            let (net, sub) = (self.network, self.subnet);
+            let multicast: Ipv4Net = "224.0.0.0/4".parse().expect("a valid network");
+            let flags = if fully_random {
+                MASQ_RANDOM_FULLY
+            } else {
+                MASQ_RANDOM
+            };
+            let comment = "weft: masquerade";
+            let rule = |exprs: Vec<Expr>| Rule { exprs, comment };
+            chains.push(ChainSpec {
+                name: "postrouting",
+                kind: "nat",
+                hook: NF_INET_POST_ROUTING,
+                // srcnat
+                priority: 100,
+                rules: vec![
+                    rule(vec![Expr::MarkAll(KUBE_PROXY_MASQ_MARK), Expr::Return]),
+                    rule(vec![
+                        Expr::saddr(sub, false),
+                        Expr::daddr(net, false),
+                        Expr::Return,
+                    ]),
+                    rule(vec![
+                        Expr::saddr(net, false),
+                        Expr::daddr(sub, false),
+                        Expr::Return,
+                    ]),
+                    rule(vec![
+                        Expr::saddr(net, true),
+                        Expr::daddr(sub, false),
+                        Expr::Return,
+                    ]),
+                    rule(vec![
+                        Expr::saddr(net, false),
+                        Expr::daddr(multicast, true),
+                        Expr::Counter,
+                        Expr::Masquerade { flags },
+                    ]),
+                    rule(vec![
+                        Expr::saddr(net, true),
+                        Expr::daddr(net, false),
+                        Expr::Counter,
+                        Expr::Masquerade { flags },
+                    ]),
+                ],
+            });
+        }
+        TableSpec {
+            name: TABLE,
+            chains,
+        }
+    }
+
+    fn forward_rules_list(&self) -> Vec<Rule> {
+        [true, false]
+            .into_iter()
+            .map(|src| Rule {
+                exprs: vec![
+                    if src {
+                        Expr::saddr(self.network, false)
+                    } else {
+                        Expr::daddr(self.network, false)
+                    },
+                    Expr::Counter,
+                    Expr::Accept,
+                ],
+                comment: FORWARD_COMMENT,
+            })
+            .collect()
+    }
+}
+
+/// Writes everything `spec` asks for (Weft's table replaced whole, the
+/// forward rules replaced), or removes what it no longer asks for.
+pub(crate) fn apply(spec: &NetfilterSpec) -> Result<()> {
+    if spec.wants_table() {
+        nftables::apply_table(&spec.table())?;
+    } else {
+        nftables::remove_table(TABLE)?;
+    }
+    if spec.forward_rules {
+        if nftables::has_chain(IPTABLES_TABLE, IPTABLES_FORWARD)? {
+            nftables::replace_rules_in(
+                IPTABLES_TABLE,
+                IPTABLES_FORWARD,
+                FORWARD_COMMENT,
+                &spec.forward_rules_list(),
+            )?;
+        }
+    } else {
+        remove_forward_rules()?;
+    }
+    Ok(())
+}
+
+/// Puts back what something else removed; returns what was repaired:
+/// `nftables` (Weft's table), `forward_rules` (iptables' FORWARD chain
+/// appeared, or Weft's rules in it went missing).
+pub(crate) fn heal(spec: &NetfilterSpec) -> Result<Vec<&'static str>> {
+    let mut repaired = Vec::new();
+    if spec.wants_table() {
+        let table = spec.table();
+        let complete = nftables::has_table(TABLE)?
+            && table
+                .chains
+                .iter()
+                .map(|c| nftables::has_chain(TABLE, c.name))
+                .collect::<Result<Vec<bool>>>()?
+                .into_iter()
+                .all(|b| b)
+            && table.chains.iter().all(|c| {
+                nftables::handles_with_comment(TABLE, c.name, c.rules[0].comment)
+                    .is_ok_and(|h| h.len() == c.rules.len())
+            });
+        if !complete {
+            nftables::apply_table(&table)?;
+            repaired.push("nftables");
+        }
+    }
+    if spec.forward_rules && nftables::has_chain(IPTABLES_TABLE, IPTABLES_FORWARD)? {
+        let want = spec.forward_rules_list();
+        let have =
+            nftables::handles_with_comment(IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT)?;
+        if have.len() != want.len() {
+            nftables::replace_rules_in(IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT, &want)?;
+            repaired.push("forward_rules");
+        }
+    }
+    Ok(repaired)
+}
+
+/// Removes Weft's rules from iptables' FORWARD chain; returns how many.
+fn remove_forward_rules() -> Result<usize> {
+    if !nftables::has_chain(IPTABLES_TABLE, IPTABLES_FORWARD)? {
+        return Ok(0);
+    }
+    nftables::replace_rules_in(IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT, &[])
+}
+
+/// Removes everything Weft put into netfilter; returns what it removed.
+pub(crate) fn remove() -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    if nftables::remove_table(TABLE)? {
+        removed.push(format!("nftables table ip {TABLE}"));
+    }
+    let n = remove_forward_rules()?;
+    if n > 0 {
+        removed.push(format!(
+            "{n} rules from iptables' {IPTABLES_FORWARD} chain (\"{FORWARD_COMMENT}\")"
+        ));
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> NetfilterSpec {
+        NetfilterSpec {
+            network: "10.244.0.0/16".parse().unwrap(),
+            subnet: "10.244.3.0/24".parse().unwrap(),
+            track: false,
+            masquerade: Some(true),
+            forward_rules: true,
+        }
+    }
+
+    #[test]
+    fn masquerade_rules_follow_flannel() {
+        let t = spec().table();
+        assert_eq!(t.chains.len(), 1);
+        let c = &t.chains[0];
+        assert_eq!(
+            (c.kind, c.hook, c.priority),
+            ("nat", NF_INET_POST_ROUTING, 100)
+        );
+        assert_eq!(c.rules.len(), 6);
+        assert_eq!(c.rules[0].exprs, vec![Expr::MarkAll(0x4000), Expr::Return]);
+        // Traffic leaving the cluster network is masqueraded, fully random.
+        assert_eq!(
+            c.rules[4].exprs.last(),
+            Some(&Expr::Masquerade {
+                flags: MASQ_RANDOM_FULLY
+            })
+        );
+        let mut s = spec();
+        s.masquerade = Some(false);
+        assert_eq!(
+            s.table().chains[0].rules[5].exprs.last(),
+            Some(&Expr::Masquerade { flags: MASQ_RANDOM })
+        );
+    }
+
+    #[test]
+    fn no_table_without_masquerade_or_tracking() {
+        let mut s = spec();
+        s.masquerade = None;
+        assert!(!s.wants_table());
+        s.track = true;
+        assert!(s.wants_table());
+        assert_eq!(s.table().chains.len(), 1);
+        assert_eq!(s.table().chains[0].name, "track");
+    }
+}

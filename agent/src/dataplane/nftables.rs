@@ -1,0 +1,638 @@
+//! nftables over netlink: the few things Weft asks of netfilter, each
+//! written as one transaction (a netlink batch), so there is never a moment
+//! with half of them.
+//!
+//! - Weft's own table `ip weft` ([`TableSpec`]), replaced whole: created if
+//!   absent, deleted, created again with its chains and rules, in one batch.
+//! - Rules inside a chain Weft does not own (iptables' `FORWARD` chain,
+//!   whose policy may be DROP): found by their comment, deleted and
+//!   appended again, in one batch.
+
+use std::io;
+
+use anyhow::{Context as _, Result, bail};
+
+const NETLINK_NETFILTER: i32 = 12;
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_GETTABLE: u16 = 1;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_GETRULE: u16 = 7;
+const NFT_MSG_DELRULE: u16 = 8;
+pub(crate) const NFPROTO_IPV4: u8 = 2;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_MULTI: u16 = 0x2;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_APPEND: u16 = 0x800;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLA_F_NESTED: u16 = 0x8000;
+pub(crate) const NF_INET_FORWARD: u32 = 2;
+pub(crate) const NF_INET_POST_ROUTING: u32 = 4;
+const NF_ACCEPT: u32 = 1;
+const NFT_RETURN: u32 = (-5i32) as u32;
+const NFT_REG_1: u32 = 1;
+const NFT_REG_VERDICT: u32 = 0;
+const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
+const NFT_META_MARK: u32 = 3;
+/// `NF_NAT_RANGE_PROTO_RANDOM_FULLY`.
+pub(crate) const MASQ_RANDOM_FULLY: u32 = 0x10;
+/// The comment type in a rule's user data (what iptables shows as
+/// `-m comment --comment`).
+const UDATA_RULE_COMMENT: u8 = 0;
+
+/// A netlink attribute tree.
+enum Attr {
+    Str(u16, String),
+    U32(u16, u32),
+    Bytes(u16, Vec<u8>),
+    Nested(u16, Vec<Attr>),
+}
+
+impl Attr {
+    fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend([0; 4]);
+        let ty = match self {
+            Attr::Str(t, s) => {
+                out.extend(s.as_bytes());
+                out.push(0);
+                *t
+            }
+            Attr::U32(t, v) => {
+                out.extend(v.to_be_bytes());
+                *t
+            }
+            Attr::Bytes(t, b) => {
+                out.extend(b);
+                *t
+            }
+            Attr::Nested(t, attrs) => {
+                for a in attrs {
+                    a.encode(out);
+                }
+                *t | NLA_F_NESTED
+            }
+        };
+        let len = (out.len() - start) as u16;
+        out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        out[start + 2..start + 4].copy_from_slice(&ty.to_ne_bytes());
+        while !out.len().is_multiple_of(4) {
+            out.push(0);
+        }
+    }
+}
+
+/// One expression of a rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Expr {
+    /// `ip saddr` (offset 12) or `ip daddr` (16) matches `net`
+    /// (`negate`: does not match).
+    Addr {
+        offset: u32,
+        net: ipnet::Ipv4Net,
+        negate: bool,
+    },
+    /// `meta mark & mask == mask`.
+    MarkAll(u32),
+    /// Loads the conntrack state (which makes the kernel track connections
+    /// in this network namespace).
+    CtState,
+    Counter,
+    Masquerade {
+        flags: u32,
+    },
+    Accept,
+    Return,
+}
+
+impl Expr {
+    pub(crate) fn saddr(net: ipnet::Ipv4Net, negate: bool) -> Self {
+        Expr::Addr {
+            offset: 12,
+            net,
+            negate,
+        }
+    }
+
+    pub(crate) fn daddr(net: ipnet::Ipv4Net, negate: bool) -> Self {
+        Expr::Addr {
+            offset: 16,
+            net,
+            negate,
+        }
+    }
+
+    fn attrs(&self) -> Vec<Attr> {
+        let elem = |name: &str, data: Vec<Attr>| {
+            Attr::Nested(
+                1, // NFTA_LIST_ELEM
+                vec![Attr::Str(1, name.into()), Attr::Nested(2, data)],
+            )
+        };
+        let value = |v: Vec<u8>| Attr::Nested(3, vec![Attr::Bytes(1, v)]); // NFTA_CMP_DATA{NFTA_DATA_VALUE}
+        let verdict = |code: u32| {
+            elem(
+                "immediate",
+                vec![
+                    Attr::U32(1, NFT_REG_VERDICT), // NFTA_IMMEDIATE_DREG
+                    Attr::Nested(
+                        2,                                               // NFTA_IMMEDIATE_DATA
+                        vec![Attr::Nested(2, vec![Attr::U32(1, code)])], // NFTA_DATA_VERDICT{NFTA_VERDICT_CODE}
+                    ),
+                ],
+            )
+        };
+        match self {
+            Expr::Addr {
+                offset,
+                net,
+                negate,
+            } => vec![
+                elem(
+                    "payload",
+                    vec![
+                        Attr::U32(1, NFT_REG_1),                  // DREG
+                        Attr::U32(2, NFT_PAYLOAD_NETWORK_HEADER), // BASE
+                        Attr::U32(3, *offset),                    // OFFSET
+                        Attr::U32(4, 4),                          // LEN
+                    ],
+                ),
+                elem(
+                    "bitwise",
+                    vec![
+                        Attr::U32(1, NFT_REG_1), // SREG
+                        Attr::U32(2, NFT_REG_1), // DREG
+                        Attr::U32(3, 4),         // LEN
+                        Attr::Nested(4, vec![Attr::Bytes(1, net.netmask().octets().to_vec())]),
+                        Attr::Nested(5, vec![Attr::Bytes(1, vec![0; 4])]),
+                    ],
+                ),
+                elem(
+                    "cmp",
+                    vec![
+                        Attr::U32(1, NFT_REG_1),
+                        Attr::U32(2, u32::from(*negate)), // NFT_CMP_EQ / NEQ
+                        value(net.network().octets().to_vec()),
+                    ],
+                ),
+            ],
+            Expr::MarkAll(mask) => vec![
+                elem(
+                    "meta",
+                    vec![Attr::U32(1, NFT_REG_1), Attr::U32(2, NFT_META_MARK)],
+                ),
+                elem(
+                    "bitwise",
+                    vec![
+                        Attr::U32(1, NFT_REG_1),
+                        Attr::U32(2, NFT_REG_1),
+                        Attr::U32(3, 4),
+                        Attr::Nested(4, vec![Attr::Bytes(1, mask.to_ne_bytes().to_vec())]),
+                        Attr::Nested(5, vec![Attr::Bytes(1, vec![0; 4])]),
+                    ],
+                ),
+                elem(
+                    "cmp",
+                    vec![
+                        Attr::U32(1, NFT_REG_1),
+                        Attr::U32(2, 0),
+                        value(mask.to_ne_bytes().to_vec()),
+                    ],
+                ),
+            ],
+            // NFTA_CT_DREG = NFT_REG_1, NFTA_CT_KEY = NFT_CT_STATE
+            Expr::CtState => vec![elem("ct", vec![Attr::U32(1, NFT_REG_1), Attr::U32(2, 0)])],
+            Expr::Counter => vec![elem("counter", vec![])],
+            Expr::Masquerade { flags } => vec![elem("masq", vec![Attr::U32(1, *flags)])],
+            Expr::Accept => vec![verdict(NF_ACCEPT)],
+            Expr::Return => vec![verdict(NFT_RETURN)],
+        }
+    }
+}
+
+/// A rule: its expressions and a comment (shown by `nft` and iptables).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Rule {
+    pub(crate) exprs: Vec<Expr>,
+    pub(crate) comment: &'static str,
+}
+
+impl Rule {
+    fn attrs(&self, table: &str, chain: &str) -> Vec<Attr> {
+        let mut udata = vec![UDATA_RULE_COMMENT, (self.comment.len() + 1) as u8];
+        udata.extend(self.comment.as_bytes());
+        udata.push(0);
+        vec![
+            Attr::Str(1, table.into()), // NFTA_RULE_TABLE
+            Attr::Str(2, chain.into()), // NFTA_RULE_CHAIN
+            Attr::Nested(4, self.exprs.iter().flat_map(Expr::attrs).collect()),
+            Attr::Bytes(7, udata), // NFTA_RULE_USERDATA
+        ]
+    }
+}
+
+/// A base chain of Weft's table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ChainSpec {
+    pub(crate) name: &'static str,
+    /// `filter` or `nat`.
+    pub(crate) kind: &'static str,
+    pub(crate) hook: u32,
+    pub(crate) priority: i32,
+    pub(crate) rules: Vec<Rule>,
+}
+
+/// Weft's table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TableSpec {
+    pub(crate) name: &'static str,
+    pub(crate) chains: Vec<ChainSpec>,
+}
+
+/// A batch of nftables messages.
+struct Batch {
+    buf: Vec<u8>,
+    seq: u32,
+    acks: usize,
+}
+
+impl Batch {
+    fn new() -> Self {
+        let mut b = Self {
+            buf: Vec::new(),
+            seq: 0,
+            acks: 0,
+        };
+        b.raw(
+            NFNL_MSG_BATCH_BEGIN,
+            NLM_F_REQUEST,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+            &[],
+        );
+        b
+    }
+
+    fn raw(&mut self, ty: u16, flags: u16, family: u8, res_id: u16, attrs: &[Attr]) {
+        self.seq += 1;
+        if flags & NLM_F_ACK != 0 {
+            self.acks += 1;
+        }
+        let start = self.buf.len();
+        self.buf.extend([0; 16]);
+        self.buf.extend([family, 0]);
+        self.buf.extend(res_id.to_be_bytes());
+        for a in attrs {
+            a.encode(&mut self.buf);
+        }
+        let len = (self.buf.len() - start) as u32;
+        self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        self.buf[start + 4..start + 6].copy_from_slice(&ty.to_ne_bytes());
+        self.buf[start + 6..start + 8].copy_from_slice(&flags.to_ne_bytes());
+        self.buf[start + 8..start + 12].copy_from_slice(&self.seq.to_ne_bytes());
+    }
+
+    fn msg(&mut self, msg: u16, flags: u16, attrs: &[Attr]) {
+        self.raw(
+            (NFNL_SUBSYS_NFTABLES << 8) | msg,
+            NLM_F_REQUEST | NLM_F_ACK | flags,
+            NFPROTO_IPV4,
+            0,
+            attrs,
+        );
+    }
+
+    fn commit(mut self) -> Result<()> {
+        self.raw(
+            NFNL_MSG_BATCH_END,
+            NLM_F_REQUEST,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+            &[],
+        );
+        let sock = Socket::open()?;
+        sock.send(&self.buf)?;
+        sock.acks(self.acks)
+    }
+}
+
+/// Replaces Weft's table `spec.name` with `spec`, atomically.
+pub(crate) fn apply_table(spec: &TableSpec) -> Result<()> {
+    let table = || Attr::Str(1, spec.name.into());
+    let mut b = Batch::new();
+    b.msg(NFT_MSG_NEWTABLE, NLM_F_CREATE, &[table()]);
+    b.msg(NFT_MSG_DELTABLE, 0, &[table()]);
+    b.msg(NFT_MSG_NEWTABLE, NLM_F_CREATE, &[table()]);
+    for c in &spec.chains {
+        b.msg(
+            NFT_MSG_NEWCHAIN,
+            NLM_F_CREATE,
+            &[
+                Attr::Str(1, spec.name.into()), // NFTA_CHAIN_TABLE
+                Attr::Str(3, c.name.into()),    // NFTA_CHAIN_NAME
+                Attr::Nested(
+                    4, // NFTA_CHAIN_HOOK
+                    vec![Attr::U32(1, c.hook), Attr::U32(2, c.priority as u32)],
+                ),
+                Attr::U32(5, NF_ACCEPT),     // NFTA_CHAIN_POLICY
+                Attr::Str(7, c.kind.into()), // NFTA_CHAIN_TYPE
+            ],
+        );
+        for r in &c.rules {
+            b.msg(
+                NFT_MSG_NEWRULE,
+                NLM_F_CREATE | NLM_F_APPEND,
+                &r.attrs(spec.name, c.name),
+            );
+        }
+    }
+    b.commit()
+        .with_context(|| format!("writing the nftables table ip {}", spec.name))
+}
+
+/// Removes the table `name`; returns whether there was one.
+pub(crate) fn remove_table(name: &str) -> Result<bool> {
+    let mut b = Batch::new();
+    b.msg(NFT_MSG_DELTABLE, 0, &[Attr::Str(1, name.into())]);
+    match b.commit() {
+        Ok(()) => Ok(true),
+        Err(e) if is_enoent(&e) => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("removing the nftables table ip {name}")),
+    }
+}
+
+/// Whether the table `name` exists.
+pub(crate) fn has_table(name: &str) -> Result<bool> {
+    let sock = Socket::open()?;
+    let mut b = Batch {
+        buf: Vec::new(),
+        seq: 0,
+        acks: 0,
+    };
+    b.raw(
+        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE,
+        NLM_F_REQUEST | NLM_F_ACK,
+        NFPROTO_IPV4,
+        0,
+        &[Attr::Str(1, name.into())],
+    );
+    sock.send(&b.buf)?;
+    match sock.dump() {
+        Ok(msgs) => Ok(!msgs.is_empty()),
+        Err(e) if is_enoent(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a chain `chain` exists in table `table`.
+pub(crate) fn has_chain(table: &str, chain: &str) -> Result<bool> {
+    let sock = Socket::open()?;
+    let mut b = Batch {
+        buf: Vec::new(),
+        seq: 0,
+        acks: 0,
+    };
+    b.raw(
+        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
+        NLM_F_REQUEST | NLM_F_ACK,
+        NFPROTO_IPV4,
+        0,
+        &[Attr::Str(1, table.into()), Attr::Str(3, chain.into())],
+    );
+    sock.send(&b.buf)?;
+    match sock.dump() {
+        Ok(msgs) => Ok(!msgs.is_empty()),
+        Err(e) if is_enoent(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// In the chain `table`/`chain` owned by someone else, replaces the rules
+/// whose comment is `comment` with `rules`, appended at the end, in one
+/// batch. Returns how many old rules were removed.
+pub(crate) fn replace_rules_in(
+    table: &str,
+    chain: &str,
+    comment: &str,
+    rules: &[Rule],
+) -> Result<usize> {
+    let handles = handles_with_comment(table, chain, comment)?;
+    let mut b = Batch::new();
+    for h in &handles {
+        b.msg(
+            NFT_MSG_DELRULE,
+            0,
+            &[
+                Attr::Str(1, table.into()),
+                Attr::Str(2, chain.into()),
+                Attr::Bytes(3, h.to_be_bytes().to_vec()), // NFTA_RULE_HANDLE
+            ],
+        );
+    }
+    // Appended: rules the chain's owner put before them keep deciding
+    // first (an explicit drop stays a drop); only the policy comes after.
+    for r in rules {
+        b.msg(
+            NFT_MSG_NEWRULE,
+            NLM_F_CREATE | NLM_F_APPEND,
+            &r.attrs(table, chain),
+        );
+    }
+    b.commit()
+        .with_context(|| format!("replacing Weft's rules in chain {chain} of table ip {table}"))?;
+    Ok(handles.len())
+}
+
+/// Handles of the rules of `table`/`chain` whose comment is `comment`.
+pub(crate) fn handles_with_comment(table: &str, chain: &str, comment: &str) -> Result<Vec<u64>> {
+    let sock = Socket::open()?;
+    let mut b = Batch {
+        buf: Vec::new(),
+        seq: 0,
+        acks: 0,
+    };
+    b.raw(
+        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETRULE,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        NFPROTO_IPV4,
+        0,
+        &[Attr::Str(1, table.into()), Attr::Str(2, chain.into())],
+    );
+    sock.send(&b.buf)?;
+    let mut out = Vec::new();
+    for m in sock.dump()? {
+        let attrs = parse_attrs(m.get(20..).unwrap_or_default());
+        let same = |t: u16, want: &str| {
+            attrs
+                .iter()
+                .find(|(ty, _)| *ty == t)
+                .is_some_and(|(_, v)| v.strip_suffix(&[0]).unwrap_or(v) == want.as_bytes())
+        };
+        if !same(1, table) || !same(2, chain) {
+            continue;
+        }
+        let mine = attrs
+            .iter()
+            .find(|(t, _)| *t == 7)
+            .is_some_and(|(_, u)| udata_comment(u) == Some(comment.as_bytes()));
+        if let Some((_, h)) = attrs.iter().find(|(t, _)| *t == 3)
+            && mine
+            && h.len() == 8
+        {
+            out.push(u64::from_be_bytes(h[..8].try_into().expect("8 bytes")));
+        }
+    }
+    Ok(out)
+}
+
+fn udata_comment(u: &[u8]) -> Option<&[u8]> {
+    let mut o = 0;
+    while o + 2 <= u.len() {
+        let (ty, len) = (u[o], u[o + 1] as usize);
+        let v = u.get(o + 2..o + 2 + len)?;
+        if ty == UDATA_RULE_COMMENT {
+            return Some(v.strip_suffix(&[0]).unwrap_or(v));
+        }
+        o += 2 + len;
+    }
+    None
+}
+
+/// Top-level attributes of a message body: (type, value).
+fn parse_attrs(mut b: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    while b.len() >= 4 {
+        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
+        let ty = u16::from_ne_bytes([b[2], b[3]]) & !NLA_F_NESTED;
+        if len < 4 || len > b.len() {
+            break;
+        }
+        out.push((ty, &b[4..len]));
+        b = b.get(len.div_ceil(4) * 4..).unwrap_or_default();
+    }
+    out
+}
+
+fn is_enoent(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+            == Some(libc::ENOENT)
+    })
+}
+
+/// A netfilter netlink socket.
+struct Socket(std::os::fd::OwnedFd);
+
+impl Socket {
+    fn open() -> Result<Self> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: a plain socket(2) call; the fd is owned below.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                NETLINK_NETFILTER,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error()).context("opening a netfilter netlink socket");
+        }
+        // SAFETY: fd is a socket we just opened and nothing else owns.
+        Ok(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn send(&self, buf: &[u8]) -> Result<()> {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: a zeroed sockaddr_nl (the kernel's address) is valid.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as u16;
+        // SAFETY: sending a valid buffer to a valid address of its size.
+        let sent = unsafe {
+            libc::sendto(
+                self.0.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                0,
+                (&addr as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        Ok(())
+    }
+
+    /// The messages the kernel answers with, up to `stop` returning true.
+    fn read(&self, mut each: impl FnMut(u16, u16, &[u8]) -> Result<bool>) -> Result<()> {
+        use std::os::fd::AsRawFd as _;
+        let mut buf = vec![0u8; 65536];
+        loop {
+            // SAFETY: receiving into a buffer we own, of its length.
+            let n =
+                unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                return Err(io::Error::last_os_error().into());
+            }
+            let n = n as usize;
+            if n == 0 {
+                bail!("netlink closed");
+            }
+            let mut o = 0;
+            while o + 16 <= n {
+                let len = u32::from_ne_bytes(buf[o..o + 4].try_into().expect("4 bytes")) as usize;
+                let ty = u16::from_ne_bytes(buf[o + 4..o + 6].try_into().expect("2 bytes"));
+                let flags = u16::from_ne_bytes(buf[o + 6..o + 8].try_into().expect("2 bytes"));
+                if len < 16 || o + len > n {
+                    bail!("a malformed netlink message");
+                }
+                if ty == NLMSG_ERROR {
+                    let err = i32::from_ne_bytes(buf[o + 16..o + 20].try_into().expect("4 bytes"));
+                    if err != 0 {
+                        return Err(io::Error::from_raw_os_error(-err).into());
+                    }
+                }
+                if each(ty, flags, &buf[o..o + len])? {
+                    return Ok(());
+                }
+                o += len.div_ceil(4) * 4;
+            }
+        }
+    }
+
+    fn acks(&self, want: usize) -> Result<()> {
+        if want == 0 {
+            return Ok(());
+        }
+        let mut got = 0;
+        self.read(|ty, _, _| {
+            if ty == NLMSG_ERROR {
+                got += 1;
+            }
+            Ok(got >= want)
+        })
+    }
+
+    /// The answers to a get or dump request (until its end).
+    fn dump(&self) -> Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        self.read(|ty, flags, m| {
+            match ty {
+                NLMSG_DONE => return Ok(true),
+                NLMSG_ERROR => return Ok(true),
+                _ => out.push(m.to_vec()),
+            }
+            Ok(flags & NLM_F_MULTI == 0)
+        })?;
+        Ok(out)
+    }
+}
