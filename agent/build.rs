@@ -1,8 +1,10 @@
 //! Builds Weft's eBPF programs so the agent can embed them.
 //!
 //! The programs live in `dataplane-ebpf/`, a crate of its own built with the
-//! nightly toolchain for `bpfel-unknown-none` (`-Z build-std=core`) and linked
-//! by bpf-linker (`cargo xtask setup` installs both). The object lands in
+//! toolchain its `rust-toolchain.toml` names (nightly) for
+//! `bpfel-unknown-none` (`-Z build-std=core`) and linked by bpf-linker
+//! (`cargo xtask setup` installs both and checks the nightly is the recorded
+//! one). The object lands in
 //! `OUT_DIR/weft-dataplane` and `src/dataplane/loader.rs` includes it.
 //!
 //! Set `WEFT_EBPF_OBJECT=/path/to/object` to embed a prebuilt object instead.
@@ -14,6 +16,11 @@ use std::{
 };
 
 fn main() {
+    // Without the `agent` feature (the fuzz targets) there is no dataplane
+    // to embed.
+    if env::var_os("CARGO_FEATURE_AGENT").is_none() {
+        return;
+    }
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
     let dest = out_dir.join("weft-dataplane");
     println!("cargo:rerun-if-env-changed=WEFT_EBPF_OBJECT");
@@ -33,16 +40,18 @@ fn main() {
         ebpf_dir.join("src"),
         ebpf_dir.join("Cargo.toml"),
         ebpf_dir.join("Cargo.lock"),
+        ebpf_dir.join("rust-toolchain.toml"),
         root.join("dataplane-common/src"),
     ] {
         println!("cargo:rerun-if-changed={}", watched.display());
     }
+    let channel = toolchain_channel(&ebpf_dir.join("rust-toolchain.toml"));
 
     // A target directory of its own, shared by every profile of the agent, so
     // core is built for BPF once and the outer cargo's lock is not contended.
     let target_dir = root.join("target").join("ebpf");
     let mut cmd = Command::new("rustup");
-    cmd.args(["run", "nightly", "cargo", "build", "--release", "--locked"])
+    cmd.args(["run", &channel, "cargo", "build", "--release", "--locked"])
         .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
         .arg("--manifest-path")
         .arg(ebpf_dir.join("Cargo.toml"))
@@ -67,7 +76,7 @@ fn main() {
         cmd.env_remove(var);
     }
     let status = cmd.status().unwrap_or_else(|e| {
-        panic!("cannot run `rustup run nightly cargo` to build the eBPF programs: {e}; run `cargo xtask setup`")
+        panic!("cannot run `rustup run {channel} cargo` to build the eBPF programs: {e}; run `cargo xtask setup`")
     });
     if !status.success() {
         panic!(
@@ -78,6 +87,18 @@ fn main() {
         &target_dir.join("bpfel-unknown-none/release/weft-dataplane"),
         &dest,
     );
+}
+
+/// The channel `dataplane-ebpf/rust-toolchain.toml` names.
+fn toolchain_channel(file: &Path) -> String {
+    let text =
+        std::fs::read_to_string(file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+    text.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == "channel").then(|| v.trim().trim_matches('"').to_string())
+        })
+        .unwrap_or_else(|| panic!("{} names no channel", file.display()))
 }
 
 fn copy(from: &Path, to: &Path) {

@@ -1,61 +1,81 @@
-//! `weft agent`: the node daemon.
+//! `weft agent`: the node daemon, wired together.
 //!
-//! acquire the lease → set up the host and the dataplane → write subnet.env →
-//! apply the initial lease list → follow the watch, keep the lease alive, and
-//! go back through the fenced acquisition whenever the lease is lost.
+//! lease holder (acquire, keep alive, lose, acquire again) → dataplane up
+//! around the subnet → subnet.env → the lease view turns the watch into
+//! peer updates → the dataplane applies them.
 
-use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result};
-use rand::SeedableRng as _;
+use ipnet::Ipv4Net;
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
-    task::JoinHandle,
-    time::{Instant, sleep},
 };
 
 use crate::{
     cli::{AgentArgs, DatapathKind},
-    datapath::Datapath,
-    dataplane::netlink::Netlink,
+    cni,
+    dataplane::{Dataplane, DataplaneSpec, Netlink, PinDir},
+    dataplane::{HostRouting, PeerUpdate, ProblemKind},
     lease::{
-        acquire::{self, AcquireError, AcquireRequest, HeldLease, Identity},
-        attrs::LeaseAttrs,
-        config::NetworkConfig,
-        etcd::EtcdStore,
-        keeper::{self, KeeperConfig, Loss},
-        store::Store as _,
-        subnet::Ipv4Net,
-        subnet_file::{self, SubnetEnv},
-        watch::{self, LeaseEvent},
+        self, EtcdStore, HeldLease, Identity, LeaseAttrs, LeaseEvent, LeaseHolder, LeaseView,
+        NetworkConfig, SubnetEnv, Timing,
     },
     mac::MacAddr,
     metrics::Metrics,
-    node,
-    peers::{self, Me},
+    node, pods,
+    report::{self, Report, Reporter},
 };
 
-/// Everything the running agent keeps.
+/// Lease events applied as one batch at most.
+const BATCH_MAX: usize = 16_384;
+/// A batch this large is a burst: wait briefly for the rest of it.
+const BATCH_BURST: usize = 64;
+
+/// The dataplane is checked (and repaired) every this many 1 s ticks, and
+/// whenever rtnetlink reports a change.
+const HEAL_EVERY_TICKS: u64 = 2;
+
+/// Not ready while the lease watch has not known itself current for this
+/// long: lease changes may be going unseen (the dataplane keeps forwarding).
+const WATCH_STALE: Duration = Duration::from_secs(15);
+
+/// What the event loop drives.
 struct Agent {
-    args: AgentArgs,
-    store: EtcdStore,
+    holder: LeaseHolder,
+    view: LeaseView,
+    dataplane: Dataplane,
     metrics: Arc<Metrics>,
-    prefix: String,
+    reporter: Reporter,
     config: NetworkConfig,
-    me: Identity,
-    value: LeaseAttrs,
     uplink_mtu: u32,
-    rng: rand::rngs::StdRng,
-    /// An etcd lease granted but not (yet) attached, with when it was granted.
-    spare_lease: Option<(i64, Instant)>,
-    held: HeldLease,
-    keeper: Option<JoinHandle<()>>,
-    lost_tx: mpsc::Sender<(i64, Loss)>,
-    datapath: Datapath,
+    subnet_file: PathBuf,
+    cni_ipam_dir: PathBuf,
+    /// Our subnet, once held.
+    subnet: Option<Ipv4Net>,
+    /// The subnet we held before a loss moved us, while local pods still
+    /// hold addresses in it.
+    old_subnet: Option<(Ipv4Net, usize)>,
+    /// Whether the peer set has been complete once.
+    synced: bool,
+    state_dir: PathBuf,
+    host_routing: HostRouting,
+    /// Local pods host routing reaches directly.
+    endpoints: usize,
+    /// `--ip-masq` (FLANNEL_IPMASQ in subnet.env).
+    ip_masq: bool,
+    /// rtnetlink reported a change: check the dataplane now.
+    changed: Arc<tokio::sync::Notify>,
 }
 
-pub async fn run(args: AgentArgs) -> Result<()> {
+pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let node_id = node::node_id(args.node_id.as_deref(), Path::new("/etc/machine-id"))?;
     let opts = args.etcd.options();
@@ -63,60 +83,131 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let prefix = args.etcd.prefix();
 
     // The uplink: needed by the eBPF datapath; with `--datapath none` and a
-    // given --public-ip, the address need not be local (tests, dry runs).
-    let nl = Netlink::new()?;
-    let (uplink, public_ip) = match (args.datapath, args.public_ip, args.iface.as_deref()) {
-        (DatapathKind::None, Some(ip), None) => (None, ip),
+    // given --public-ip alone, the address need not be local (tests, dry
+    // runs).
+    let choice = node::UplinkChoice {
+        iface: args.iface.clone(),
+        iface_regex: args.iface_regex.clone(),
+        can_reach: args.iface_can_reach,
+        public_ip: args.public_ip,
+    };
+    let only_public_ip =
+        choice.iface.is_empty() && choice.iface_regex.is_empty() && choice.can_reach.is_none();
+    let (uplink, public_ip) = match (args.datapath, args.public_ip, only_public_ip) {
+        (DatapathKind::None, Some(ip), true) => (None, ip),
         _ => {
-            let (l, ip) = node::uplink(&nl, args.iface.as_deref(), args.public_ip).await?;
+            let nl = Netlink::new()?;
+            let (l, ip) = node::uplink(&nl, &choice).await?;
             (Some(l), ip)
         }
     };
-    let uplink_mtu = uplink.as_ref().map(|l| l.mtu).unwrap_or(1500);
+    let uplink_mtu = uplink.as_ref().map_or(1500, |l| l.mtu);
     tracing::info!(
         node_id,
         %public_ip,
-        uplink = uplink.as_ref().map(|l| l.name.as_str()).unwrap_or("-"),
+        uplink = uplink.as_ref().map_or("-", |l| l.name.as_str()),
         datapath = ?args.datapath,
         version = env!("CARGO_PKG_VERSION"),
         "starting"
     );
 
-    let counters: crate::datapath::CountersSlot = Default::default();
-    let datapath = Datapath::new(&args, uplink.clone(), public_ip, counters.clone()).await?;
-
     if args.healthz_port != 0 {
         let addr = SocketAddr::new(args.healthz_ip, args.healthz_port);
-        let listener = crate::http::bind(addr).await?;
+        crate::http::start(addr, metrics.clone()).await?;
         tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
-        let m = metrics.clone();
-        let m2 = metrics.clone();
-        let counters = counters.clone();
-        tokio::spawn(crate::http::serve(
-            listener,
-            Arc::new(move || m.ready()),
-            Arc::new(move || {
-                let mut s = m2.render(keeper::unix_now());
-                if let Some(c) = counters.get() {
-                    s.push_str(&crate::datapath::render_counters(c));
-                }
-                s
-            }),
-        ));
     }
 
-    let store = EtcdStore::connect(&opts).await?;
-    let config = wait_for_config(&store, &prefix, &args, &metrics).await;
-    for note in &config.ignored {
-        tracing::warn!("network config: ignoring {note}");
-    }
-    let vtep_mac = MacAddr::derived(format!("{node_id}/{public_ip}").as_bytes());
+    let store = EtcdStore::connect_retrying(&opts).await?;
+    // Members that lose their leader or stop answering leave the rotation.
+    let moved = Arc::new(tokio::sync::Notify::new());
+    let members = tokio::spawn(lease::watch_members(
+        store.clone(),
+        metrics.clone(),
+        moved.clone(),
+    ));
+    let config = lease::wait_for_config(&store, &prefix, retry_interval(&args), &metrics).await;
+    // One VTEP MAC per node id and address, stable across restarts: it goes
+    // into the lease and into the dataplane. On a node moving from flannel,
+    // flannel's device's MAC instead, while that device exists: the other
+    // nodes go on addressing frames to it, and flannel's device (which
+    // drops frames for another MAC) keeps decapsulating until Weft's
+    // programs take over.
+    let vtep_mac = match flannel_vtep_mac(args.datapath, config.vni).await {
+        Some(mac) => {
+            tracing::info!(device = %format!("flannel.{}", config.vni), %mac, "keeping flannel's VTEP MAC while its device exists");
+            mac
+        }
+        None => MacAddr::derived(format!("{node_id}/{public_ip}").as_bytes()),
+    };
     let me = Identity {
         node_id: node_id.clone(),
         public_ip,
     };
-    let value = LeaseAttrs::vxlan(public_ip, config.vni, vtep_mac, &node_id);
-    let preferred = match subnet_file::read_subnet(&args.subnet_file) {
+    let dataplane = match (args.datapath, uplink) {
+        (DatapathKind::None, _) => Dataplane::off(),
+        (DatapathKind::Ebpf, None) => anyhow::bail!("the eBPF datapath needs an uplink (--iface)"),
+        (DatapathKind::Ebpf, Some(uplink)) => Dataplane::ebpf(DataplaneSpec {
+            uplink: uplink.name,
+            public_ip,
+            vni: config.vni,
+            port: config.port,
+            vtep_mac,
+            xdp_mode: args.xdp_mode,
+            pins: PinDir::new(&args.pins.bpffs_dir),
+            trace_drops: args.trace_drops,
+            max_peers: args.max_peers,
+            host_routing: args.host_routing,
+            state_dir: args.state.state_dir.clone(),
+            network: config.network,
+            masquerade: args.ip_masq.then_some(!args.ip_masq_fully_random_disable),
+            forward_rules: args.iptables_forward_rules,
+            underlay_mtu: config.mtu,
+            direct_routing: config.direct_routing,
+        }),
+    };
+    let holder = LeaseHolder::new(
+        store.clone(),
+        &prefix,
+        config.clone(),
+        me.clone(),
+        LeaseAttrs::vxlan(public_ip, config.vni, vtep_mac, &node_id),
+        Timing {
+            ttl: Duration::from_secs(args.subnet_lease_ttl),
+            renew_margin: Duration::from_secs(args.subnet_lease_renew_margin * 60),
+            request_timeout: opts.request_timeout,
+            retry_interval: retry_interval(&args),
+        },
+        metrics.clone(),
+    );
+    let mut agent = Agent {
+        holder,
+        view: LeaseView::new(config.clone(), me, metrics.clone()),
+        dataplane,
+        metrics,
+        reporter: Reporter::new(&args.state.state_dir),
+        config,
+        uplink_mtu,
+        subnet_file: args.subnet_file.clone(),
+        cni_ipam_dir: args.cni_ipam_dir.clone(),
+        subnet: None,
+        old_subnet: None,
+        synced: false,
+        state_dir: args.state.state_dir.clone(),
+        host_routing: args.host_routing,
+        endpoints: 0,
+        ip_masq: args.ip_masq,
+        changed: Arc::new(tokio::sync::Notify::new()),
+    };
+    let events = match args.datapath {
+        DatapathKind::Ebpf => Some(crate::dataplane::watch_changes(agent.changed.clone())?),
+        DatapathKind::None => None,
+    };
+    // The CNI plugin says when endpoints change; bound before the first
+    // acquisition so no notification of a pod started meanwhile is lost
+    // (it is read from the records anyway).
+    let listener = cni::Listener::bind(&args.state.state_dir)?;
+
+    let preferred = match lease::read_subnet(&args.subnet_file) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "ignoring the subnet file");
@@ -126,315 +217,338 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     if let Some(p) = preferred {
         tracing::info!(subnet = %p, file = %args.subnet_file.display(), "the subnet file names a subnet; it is tried only if free");
     }
+    let held = agent.holder.acquire(preferred).await;
+    agent.took(&held).await?;
+    agent.sync_endpoints().await;
 
-    let (lost_tx, mut lost_rx) = mpsc::channel(4);
-    let mut agent = Agent {
-        store,
-        metrics,
-        prefix,
-        config,
-        me,
-        value,
-        uplink_mtu,
-        rng: rand::rngs::StdRng::from_os_rng(),
-        spare_lease: None,
-        held: HeldLease {
-            subnet: "0.0.0.0/32".parse().expect("valid"),
-            key: String::new(),
-            lease_id: 0,
-            create_revision: 0,
-            mod_revision: 0,
-            attrs: LeaseAttrs::vxlan(public_ip, 1, vtep_mac, &node_id),
-        },
-        keeper: None,
-        lost_tx,
-        datapath,
-        args,
-    };
-    agent.held = agent.acquire_until_held(preferred).await;
-    agent.took_lease().await?;
-
-    let (watch_tx, mut watch_rx) = mpsc::channel(1024);
-    let watcher = tokio::spawn(watch::run(
-        agent.store.clone(),
-        format!("{}/subnets/", agent.prefix),
+    let (watch_tx, watch_rx) = mpsc::channel(1024);
+    let watcher = tokio::spawn(lease::watch(
+        store.clone(),
+        format!("{prefix}/subnets/"),
         watch_tx,
         agent.metrics.clone(),
+        moved,
     ));
-
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    loop {
-        tokio::select! {
-            ev = watch_rx.recv() => {
-                let Some(ev) = ev else { break };
-                // Take whatever else is already queued, and apply it as one
-                // batch (thousands of leases arrive together at start).
-                let mut batch = vec![ev];
-                while batch.len() < 4096 {
-                    match watch_rx.try_recv() {
-                        Ok(ev) => batch.push(ev),
-                        Err(_) => break,
-                    }
-                }
-                agent.on_lease_events(batch).await?;
-            }
-            Some((lease_id, loss)) = lost_rx.recv() => {
-                if lease_id == agent.held.lease_id {
-                    agent.lost(&format!("{loss:?}: etcd no longer has lease {lease_id:x}")).await?;
-                }
-            }
-            _ = sigterm.recv() => { tracing::info!("SIGTERM: exiting; the dataplane stays in place and the lease is kept"); break; }
-            _ = sigint.recv() => { tracing::info!("SIGINT: exiting; the dataplane stays in place and the lease is kept"); break; }
-        }
-    }
+    let r = agent.run(watch_rx, listener, &store).await;
     watcher.abort();
-    if let Some(k) = agent.keeper.take() {
-        k.abort();
+    members.abort();
+    if let Some(e) = events {
+        e.abort();
     }
-    Ok(())
+    r
 }
 
-/// Reads `<prefix>/config` until it exists and is valid, saying why not.
-async fn wait_for_config(
-    store: &EtcdStore,
-    prefix: &str,
-    args: &AgentArgs,
-    metrics: &Metrics,
-) -> NetworkConfig {
-    let key = format!("{prefix}/config");
-    let mut failures = 0u32;
-    loop {
-        let wait = Duration::from_secs(args.retry_interval.max(1));
-        match store.get(&key).await {
-            Ok(Some(kv)) => match NetworkConfig::parse(&kv.value) {
-                Ok(c) => {
-                    tracing::info!(
-                        network = %c.network,
-                        subnet_len = c.subnet_len,
-                        vni = c.vni,
-                        port = c.port,
-                        "network config"
-                    );
-                    return c;
-                }
-                Err(e) => {
-                    tracing::error!(key, error = %e, retry_in = ?wait, "the network config is unusable; fix it in etcd")
-                }
-            },
-            Ok(None) => tracing::error!(
-                key,
-                retry_in = ?wait,
-                "no network config in etcd; write one, e.g. {{\"Network\":\"10.244.0.0/16\",\"Backend\":{{\"Type\":\"vxlan\"}}}}"
-            ),
-            Err(e) => {
-                metrics.inc_etcd_error();
-                failures += 1;
-                let wait = backoff(failures);
-                tracing::warn!(endpoints = %args.etcd.etcd_endpoints.join(","), error = %e, retry_in = ?wait, "etcd unreachable; retrying");
-                sleep(wait).await;
-                continue;
-            }
-        }
-        sleep(wait).await;
+/// The MAC of flannel's `flannel.<vni>` device, if this node has one.
+async fn flannel_vtep_mac(datapath: DatapathKind, vni: u32) -> Option<MacAddr> {
+    if datapath != DatapathKind::Ebpf {
+        return None;
     }
+    let name = format!("flannel.{vni}");
+    let links = Netlink::new().ok()?.links().await.ok()?;
+    links
+        .into_iter()
+        .find(|l| l.name == name && l.mac != [0; 6])
+        .map(|l| MacAddr(l.mac))
 }
 
-fn backoff(failures: u32) -> Duration {
-    Duration::from_millis((250u64 << failures.min(5)).min(5_000))
+fn retry_interval(args: &AgentArgs) -> Duration {
+    Duration::from_secs(args.retry_interval.max(1))
 }
 
 impl Agent {
-    fn ttl(&self) -> Duration {
-        Duration::from_secs(self.args.subnet_lease_ttl)
-    }
-
-    /// Acquires a subnet, retrying forever (out of subnets, lost races, etcd
-    /// down) with a log line saying why.
-    async fn acquire_until_held(&mut self, preferred: Option<Ipv4Net>) -> HeldLease {
-        let subnets_prefix = format!("{}/subnets/", self.prefix);
-        let mut failures = 0u32;
-        let started = Instant::now();
+    /// The event loop: lease events, lease expiry, a tick for retries and
+    /// checks, signals.
+    async fn run(
+        &mut self,
+        mut watch_rx: mpsc::Receiver<LeaseEvent>,
+        mut listener: cni::Listener,
+        store: &EtcdStore,
+    ) -> Result<()> {
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sighup = signal(SignalKind::hangup())?;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u64 = 0;
+        let changed = self.changed.clone();
+        let mut heal_at: Option<tokio::time::Instant> = None;
         loop {
-            // A granted lease is reused while it has most of its TTL left.
-            let reuse = self
-                .spare_lease
-                .filter(|(_, at)| at.elapsed() < self.ttl() / 2)
-                .map(|(id, _)| id);
-            let req = AcquireRequest {
-                subnets_prefix: &subnets_prefix,
-                config: &self.config,
-                me: &self.me,
-                value: &self.value,
-                ttl: self.args.subnet_lease_ttl as i64,
-                preferred,
-                lease_id: reuse,
-            };
-            let (r, stats, lease) = acquire::acquire(&self.store, &req, &mut self.rng).await;
-            if lease != reuse {
-                self.spare_lease = lease.map(|id| (id, Instant::now()));
-            }
-            match r {
-                Ok(held) => {
-                    self.spare_lease = None;
-                    self.metrics.observe_acquire(started.elapsed());
-                    tracing::info!(
-                        subnet = %held.subnet,
-                        key = %held.key,
-                        lease = if held.is_reservation() { "reservation".to_string() } else { format!("{:x}", held.lease_id) },
-                        requests = stats.requests,
-                        retries = stats.retries,
-                        took = ?started.elapsed(),
-                        "acquired the subnet lease"
-                    );
-                    return held;
+            tokio::select! {
+                _ = tick.tick() => {
+                    self.dataplane.retry_problems().await?;
+                    self.sync_endpoints().await;
+                    self.check_old_subnet();
+                    ticks += 1;
+                    if ticks.is_multiple_of(HEAL_EVERY_TICKS) {
+                        self.heal().await;
+                    }
+                    self.report();
                 }
-                Err(e @ AcquireError::OutOfSubnets { .. }) => {
-                    self.metrics.inc_out_of_subnets();
-                    let wait = Duration::from_secs(self.args.retry_interval.max(1));
-                    tracing::error!(error = %e, retry_in = ?wait, "no subnet for this node");
-                    sleep(wait).await;
+                () = changed.notified(), if heal_at.is_none() => {
+                    // Let a burst of changes (a device going with its
+                    // routes) settle, then look once; lease events go on
+                    // being handled meanwhile.
+                    heal_at = Some(tokio::time::Instant::now() + Duration::from_millis(100));
                 }
-                Err(e @ AcquireError::Contended(_)) => {
-                    let wait = Duration::from_millis(rand::random_range(100..1000));
-                    tracing::warn!(error = %e, retry_in = ?wait, "subnet contention; trying again");
-                    sleep(wait).await;
+                () = async { tokio::time::sleep_until(heal_at.expect("guarded")).await }, if heal_at.is_some() => {
+                    heal_at = None;
+                    self.heal().await;
+                    self.report();
                 }
-                Err(AcquireError::Store(e)) => {
-                    self.metrics.inc_etcd_error();
-                    // The granted lease may have been lost with the outage.
-                    self.spare_lease = None;
-                    failures += 1;
-                    let wait = backoff(failures);
-                    tracing::warn!(error = %e, retry_in = ?wait, "etcd unreachable while acquiring a subnet; retrying");
-                    sleep(wait).await;
+                Some(done) = listener.next() => {
+                    self.sync_endpoints().await;
+                    let _ = done.send(());
+                    self.report();
+                }
+                ev = watch_rx.recv() => {
+                    let Some(ev) = ev else { return Ok(()) };
+                    // Take whatever else is already queued and apply it as
+                    // one batch (thousands of leases arrive together at start).
+                    let mut batch = vec![ev];
+                    loop {
+                        let before = batch.len();
+                        while batch.len() < BATCH_MAX {
+                            match watch_rx.try_recv() {
+                                Ok(ev) => batch.push(ev),
+                                Err(_) => break,
+                            }
+                        }
+                        // Many at once (thousands of leases written together):
+                        // each decision looks at every lease, so gather the
+                        // rest of the burst first, until a pause brings
+                        // nothing more. A single change goes through at once.
+                        let more = batch.len() > before;
+                        if batch.len() < BATCH_BURST || batch.len() >= BATCH_MAX || !more {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    self.on_lease_events(batch).await?;
+                    self.report();
+                }
+                () = self.holder.expired() => {
+                    self.relocate("etcd expired our lease").await?;
+                    self.report();
+                }
+                _ = sighup.recv() => {
+                    // Certificates replaced on disk: connect with them.
+                    match store.reconnect().await {
+                        Ok(()) => tracing::info!("SIGHUP: reconnected to etcd, certificate files read again"),
+                        Err(e) => tracing::error!(error = %format!("{e:#}"), "SIGHUP: cannot reconnect to etcd; keeping the current connection"),
+                    }
+                }
+                _ = sigterm.recv() => {
+                    tracing::info!("SIGTERM: exiting; the dataplane stays in place and the lease is kept");
+                    return Ok(());
+                }
+                _ = sigint.recv() => {
+                    tracing::info!("SIGINT: exiting; the dataplane stays in place and the lease is kept");
+                    return Ok(());
                 }
             }
         }
     }
 
-    /// After acquiring: subnet.env, dataplane, keep-alive.
-    async fn took_lease(&mut self) -> Result<()> {
-        let held = self.held.clone();
-        let expires = if held.is_reservation() {
-            0
-        } else {
-            keeper::unix_now() + self.args.subnet_lease_ttl as i64
-        };
-        self.metrics.set_lease(true, expires);
-        let env = SubnetEnv {
-            network: self.config.network,
-            subnet: held.subnet,
-            mtu: self.uplink_mtu - dataplane_common::VXLAN_OVERHEAD,
-            ipmasq: false,
-        };
-        env.write(&self.args.subnet_file)
-            .with_context(|| format!("writing {}", self.args.subnet_file.display()))?;
-        tracing::info!(file = %self.args.subnet_file.display(), subnet = %held.subnet, mtu = env.mtu, "wrote the subnet file");
-        self.datapath.set_own(&held, &self.config).await?;
-        if let Some(k) = self.keeper.take() {
-            k.abort();
+    async fn on_lease_events(&mut self, batch: Vec<LeaseEvent>) -> Result<()> {
+        let out = self.view.apply(batch);
+        self.apply(&out.updates).await?;
+        if let Some(why) = out.lost {
+            self.relocate(&why).await?;
         }
-        if !held.is_reservation() {
-            self.keeper = Some(tokio::spawn(keeper::keep_alive(
-                self.store.clone(),
-                KeeperConfig {
-                    lease_id: held.lease_id,
-                    ttl: self.ttl(),
-                    renew_margin: Duration::from_secs(self.args.subnet_lease_renew_margin * 60),
-                    request_timeout: self.args.etcd.options().request_timeout,
-                },
-                self.lost_tx.clone(),
-                self.metrics.clone(),
-            )));
+        if let Some(revision) = out.synced {
+            self.dataplane.synced(revision).await?;
+            self.synced = true;
+            self.metrics.set_peers(self.dataplane.peer_count() as u64);
         }
         Ok(())
     }
 
-    async fn on_lease_events(&mut self, events: Vec<LeaseEvent>) -> Result<()> {
-        let mut updates = Vec::new();
-        for ev in events {
-            // Events about our own key are about our lease, never a peer.
-            let own = match &ev {
-                LeaseEvent::Added(l) | LeaseEvent::Changed { new: l, .. }
-                    if l.key == self.held.key =>
+    /// Puts back what something else removed from the dataplane, counts
+    /// it, and rewrites subnet.env when the overlay MTU followed the
+    /// uplink's.
+    async fn heal(&mut self) {
+        match self.dataplane.heal().await {
+            Ok(h) => {
+                for what in &h.repairs {
+                    self.metrics.inc_repairs(what);
+                    tracing::warn!(what, "something removed part of the dataplane: put back");
+                }
+                if h.mtu_changed
+                    && let Some(subnet) = self.subnet
+                    && let Err(e) = self.write_subnet_env(subnet)
                 {
-                    Some(Some(l))
+                    tracing::error!(error = %format!("{e:#}"), "cannot rewrite the subnet file with the new MTU");
                 }
-                LeaseEvent::Removed(l) if l.key == self.held.key => Some(None),
-                _ => None,
-            };
-            if let Some(now) = own {
-                let still_ours = now.is_some_and(|l| {
-                    l.create_revision == self.held.create_revision
-                        && l.lease_id == self.held.lease_id
-                        && l.attrs.names(&self.me.node_id, self.me.public_ip)
-                });
-                if !still_ours {
-                    let why = match now {
-                        None => "our key was deleted".to_string(),
-                        Some(l) => format!(
-                            "our key now belongs to {} (node {:?}, lease {:x})",
-                            l.attrs.public_ip, l.attrs.node_id, l.lease_id
-                        ),
-                    };
-                    self.apply_updates(std::mem::take(&mut updates)).await?;
-                    self.lost(&why).await?;
-                }
-                continue;
             }
-            if let LeaseEvent::Synced { revision } = ev {
-                self.apply_updates(std::mem::take(&mut updates)).await?;
-                self.datapath.synced(revision).await?;
-                self.metrics.set_peers(self.datapath.peer_count() as u64);
-                self.metrics.set_ready(self.metrics.lease_held());
-                continue;
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot check the dataplane; trying again")
             }
-            let me = Me {
-                key: &self.held.key,
-                public_ip: self.me.public_ip,
-            };
-            updates.extend(peers::updates(&ev, &me));
         }
-        self.apply_updates(updates).await
     }
 
-    async fn apply_updates(&mut self, updates: Vec<crate::peers::PeerUpdate>) -> Result<()> {
+    /// Writes subnet.env for `subnet`, with the current overlay MTU.
+    fn write_subnet_env(&self, subnet: Ipv4Net) -> Result<()> {
+        let mtu = self.dataplane.mtu().unwrap_or_else(|| {
+            self.config.mtu.unwrap_or(self.uplink_mtu) - dataplane_common::VXLAN_OVERHEAD
+        });
+        let env = SubnetEnv {
+            network: self.config.network,
+            subnet,
+            mtu,
+            ipmasq: self.ip_masq,
+        };
+        env.write(&self.subnet_file)
+            .with_context(|| format!("writing {}", self.subnet_file.display()))?;
+        tracing::info!(file = %self.subnet_file.display(), %subnet, mtu, ipmasq = self.ip_masq, "wrote the subnet file");
+        Ok(())
+    }
+
+    /// Makes host routing's local pods match the endpoint records the CNI
+    /// plugin wrote; forgets records whose pod is gone.
+    async fn sync_endpoints(&mut self) {
+        if self.host_routing == HostRouting::Legacy {
+            return;
+        }
+        let records = cni::records(&self.state_dir);
+        let want: Vec<_> = records.iter().map(|r| r.endpoint()).collect();
+        match self.dataplane.sync_endpoints(&want).await {
+            Ok(s) => {
+                for owner in &s.gone {
+                    tracing::info!(owner, "forgetting the endpoint of a pod whose veth is gone");
+                    cni::forget(&self.state_dir, owner);
+                }
+                if s.active != self.endpoints {
+                    tracing::info!(endpoints = s.active, "local pods reached by host routing");
+                }
+                self.endpoints = s.active;
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot program the local endpoints; retrying")
+            }
+        }
+    }
+
+    /// Ready: the lease is held, the peer set has been complete once, no
+    /// local pod is left on an old subnet, and the lease watch is current.
+    fn ready(&self) -> bool {
+        self.metrics.lease_held()
+            && self.synced
+            && self.old_subnet.is_none()
+            && self.metrics.watch_lag().is_some_and(|l| l < WATCH_STALE)
+    }
+
+    /// While we wait for pods to leave an old subnet: how many are left.
+    fn check_old_subnet(&mut self) {
+        let Some((old, before)) = self.old_subnet else {
+            return;
+        };
+        let left = pods::in_subnet(&self.cni_ipam_dir, &old).len();
+        if left == 0 {
+            tracing::info!(%old, "no local pod holds an address of the old subnet any more");
+            self.old_subnet = None;
+        } else {
+            if left != before {
+                tracing::warn!(%old, pods = left, "local pods still hold addresses of the old subnet");
+            }
+            self.old_subnet = Some((old, left));
+        }
+    }
+
+    /// Metrics and the status report, from the current state.
+    fn report(&mut self) {
+        let problems = self.dataplane.problems();
+        let mut counts: BTreeMap<&'static str, u64> =
+            ProblemKind::ALL.iter().map(|k| (k.name(), 0)).collect();
+        for p in &problems {
+            *counts.entry(p.kind.name()).or_default() += 1;
+        }
+        self.metrics.set_problems(counts);
+        self.metrics
+            .set_old_subnet_pods(self.old_subnet.map_or(0, |(_, n)| n as u64));
+        self.metrics
+            .set_direct_peers(self.dataplane.direct_peers().len() as u64);
+        let ready = self.ready();
+        self.metrics.set_ready(ready);
+        self.reporter.write(Report {
+            subnet: self.subnet.map(|s| s.to_string()),
+            ready,
+            old_subnet: self.old_subnet.map(|(s, n)| report::OldSubnet {
+                subnet: s.to_string(),
+                pods: n,
+            }),
+            problems: problems
+                .iter()
+                .map(|p| report::PeerProblem {
+                    subnet: p.peer.subnet.to_string(),
+                    vtep: p.peer.vtep.to_string(),
+                    problem: p.kind.name().to_string(),
+                    error: p.error.clone(),
+                })
+                .collect(),
+            host_routing: self.host_routing.as_str().to_string(),
+            endpoints: self.endpoints,
+            decap: self.dataplane.decap().map(|d| report::Decap {
+                hook: d.hook.to_string(),
+                why: d.why,
+            }),
+            masquerade: self.ip_masq,
+            mtu: self.dataplane.mtu(),
+            rejected: self
+                .view
+                .rejected()
+                .map(|(key, why)| report::RejectedLease {
+                    key: key.clone(),
+                    reason: why.name().to_string(),
+                    detail: why.to_string(),
+                })
+                .collect(),
+        });
+    }
+
+    async fn apply(&mut self, updates: &[PeerUpdate]) -> Result<()> {
         if updates.is_empty() {
             return Ok(());
         }
-        self.datapath.apply(&updates).await?;
+        self.dataplane.apply(updates).await?;
         self.metrics.inc_lease_changes_applied(updates.len() as u64);
-        self.metrics.set_peers(self.datapath.peer_count() as u64);
+        self.metrics.set_peers(self.dataplane.peer_count() as u64);
         Ok(())
     }
 
-    /// Our lease is gone: stop claiming the subnet, and go back through the
-    /// fenced path (the same subnet if it is still free, else a new one).
-    async fn lost(&mut self, why: &str) -> Result<()> {
-        let old = self.held.clone();
-        self.metrics.inc_lease_lost();
-        self.metrics.set_lease(false, 0);
+    /// We hold `held`: the dataplane goes up around it, then subnet.env
+    /// tells the CNI plugin, then the peers are decided around it.
+    async fn took(&mut self, held: &HeldLease) -> Result<()> {
+        self.dataplane.set_subnet(held.subnet).await?;
+        if let Some(c) = self.dataplane.counters() {
+            self.metrics.set_counters(c);
+        }
+        self.write_subnet_env(held.subnet)?;
+        self.subnet = Some(held.subnet);
+        let updates = self.view.set_held(held);
+        self.apply(&updates).await
+    }
+
+    /// Our lease is gone: go back through the fenced path (the same subnet
+    /// if it is still free, else a new one) and move the dataplane there.
+    async fn relocate(&mut self, why: &str) -> Result<()> {
         self.metrics.set_ready(false);
-        if let Some(k) = self.keeper.take() {
-            k.abort();
-        }
-        tracing::error!(
-            subnet = %old.subnet,
-            key = %old.key,
-            reason = why,
-            "SUBNET LEASE LOST: this node no longer holds its subnet; re-acquiring"
-        );
-        self.held = self.acquire_until_held(Some(old.subnet)).await;
-        if self.held.subnet != old.subnet {
+        let old = self.holder.lose(why);
+        let held = self.holder.acquire(old).await;
+        self.took(&held).await?;
+        if let Some(old) = old
+            && old != held.subnet
+        {
+            let pods = pods::in_subnet(&self.cni_ipam_dir, &old);
             tracing::warn!(
-                old = %old.subnet,
-                new = %self.held.subnet,
-                "this node's subnet changed: pods still using addresses of the old subnet must be recreated"
+                %old,
+                new = %held.subnet,
+                pods_on_old_subnet = pods.len(),
+                "this node's subnet changed: its pods on the old subnet cannot be reached any more and must be recreated (the node stays not ready until they are; see the README, \"When a node's subnet changes\")"
             );
+            if !pods.is_empty() {
+                self.old_subnet = Some((old, pods.len()));
+            }
         }
-        self.took_lease().await?;
-        self.metrics.set_ready(true);
         Ok(())
     }
 }

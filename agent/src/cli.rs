@@ -5,12 +5,15 @@ use std::{net::Ipv4Addr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{dataplane::bpffs, lease::subnet_file};
+use crate::{
+    dataplane::{DEFAULT_PIN_DIR, HostRouting, XdpMode},
+    lease::{DEFAULT_SUBNET_FILE, EtcdOptions},
+};
 
 /// Weft: an eBPF-accelerated VXLAN overlay network, compatible with flannel.
 #[derive(Parser, Debug)]
 #[command(name = "weft", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 
@@ -24,13 +27,13 @@ pub struct Cli {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
 
 #[derive(Subcommand, Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the node agent: acquire this node's subnet, program the dataplane,
     /// follow every other node's lease.
     Agent(Box<AgentArgs>),
@@ -45,12 +48,7 @@ pub enum Command {
     /// This node at a glance: own lease, peers, attach points, counters.
     Status {
         #[command(flatten)]
-        pins: PinArgs,
-        #[command(flatten)]
-        etcd: EtcdArgs,
-        /// The subnet file the agent writes.
-        #[arg(long, env = "FLANNELD_SUBNET_FILE", default_value = subnet_file::DEFAULT_PATH)]
-        subnet_file: PathBuf,
+        node: NodeArgs,
         /// Print JSON instead of tables.
         #[arg(long)]
         json: bool,
@@ -61,15 +59,74 @@ pub enum Command {
         pins: PinArgs,
     },
     /// Remove everything Weft set up on this node: programs, pinned maps,
-    /// the overlay device and its routes. The lease in etcd is left alone.
+    /// the overlay device and its routes, and put back the host settings it
+    /// changed. The lease in etcd is left alone.
     Teardown {
         #[command(flatten)]
         pins: PinArgs,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// Install Weft's CNI plugin (this binary) and a network config on this
+    /// node; the DaemonSet's init container runs it.
+    InstallCni {
+        #[command(flatten)]
+        dirs: CniDirs,
+        /// The network config (.conflist) to install; default: Weft's plugin
+        /// standalone, as flannel's, plus portmap, network name cbr0.
+        #[arg(long, env = "WEFT_CNI_CONFLIST")]
+        conflist: Option<PathBuf>,
+    },
+    /// Check this node (kernel, bpffs, programs, rp_filter, offloads, MTU,
+    /// VXLAN to every peer, subnet.env against etcd, the CNI config) and
+    /// print the fix for each problem; non-zero exit when a check fails.
+    Doctor {
+        #[command(flatten)]
+        node: NodeArgs,
+        /// Where the runtime finds CNI network configs.
+        #[arg(long, env = "WEFT_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+        cni_conf_dir: PathBuf,
+        /// How long to wait for each peer's answer, in seconds.
+        #[arg(long, default_value_t = 1.0)]
+        probe_timeout: f64,
+    },
+    /// Remove what install-cni put on this node.
+    UninstallCni {
+        #[command(flatten)]
+        dirs: CniDirs,
     },
 }
 
+/// Where a node's agent keeps its state, and its etcd: what the commands
+/// that look at a node read.
 #[derive(Args, Debug, Clone)]
-pub struct EtcdArgs {
+pub(crate) struct NodeArgs {
+    #[command(flatten)]
+    pub pins: PinArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The subnet file the agent writes.
+    #[arg(long, env = "FLANNELD_SUBNET_FILE", default_value = DEFAULT_SUBNET_FILE)]
+    pub subnet_file: PathBuf,
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct CniDirs {
+    /// Where the runtime finds CNI plugins.
+    #[arg(long, env = "WEFT_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    pub bin_dir: PathBuf,
+    /// Where the runtime finds CNI network configs.
+    #[arg(long, env = "WEFT_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    pub conf_dir: PathBuf,
+    /// The network config's file name.
+    #[arg(long, env = "WEFT_CNI_CONF_NAME", default_value = "10-weft.conflist")]
+    pub conf_name: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct EtcdArgs {
     /// etcd endpoints, comma separated.
     #[arg(
         long,
@@ -106,8 +163,8 @@ pub struct EtcdArgs {
 }
 
 impl EtcdArgs {
-    pub fn options(&self) -> crate::lease::etcd::EtcdOptions {
-        crate::lease::etcd::EtcdOptions {
+    pub(crate) fn options(&self) -> EtcdOptions {
+        EtcdOptions {
             endpoints: self.etcd_endpoints.clone(),
             cafile: self.etcd_cafile.clone(),
             certfile: self.etcd_certfile.clone(),
@@ -118,51 +175,61 @@ impl EtcdArgs {
         }
     }
 
-    pub fn prefix(&self) -> String {
+    pub(crate) fn prefix(&self) -> String {
         self.etcd_prefix.trim_end_matches('/').to_string()
     }
 }
 
 #[derive(Args, Debug, Clone)]
-pub struct PinArgs {
+pub(crate) struct PinArgs {
     /// Directory on a bpffs for this agent's pinned maps and links (one per
     /// agent; mounted if nothing is mounted there).
-    #[arg(long, env = "WEFT_BPFFS_DIR", default_value = bpffs::DEFAULT_DIR)]
+    #[arg(long, env = "WEFT_BPFFS_DIR", default_value = DEFAULT_PIN_DIR)]
     pub bpffs_dir: PathBuf,
 }
 
+#[derive(Args, Debug, Clone)]
+pub(crate) struct StateArgs {
+    /// Where the agent keeps its state: host settings it changed (restored
+    /// by `weft teardown`) and its status for `weft status`.
+    #[arg(long, env = "WEFT_STATE_DIR", default_value = "/run/weft")]
+    pub(crate) state_dir: PathBuf,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DatapathKind {
+pub(crate) enum DatapathKind {
     /// Control plane only: leases, subnet.env, no packet handling.
     None,
     /// The eBPF VXLAN datapath.
     Ebpf,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum XdpModeArg {
-    /// Native XDP if the driver has it, else generic XDP.
-    Auto,
-    Native,
-    Generic,
-    /// No XDP: decapsulate in TC on the uplink's ingress.
-    Off,
-}
-
 #[derive(Args, Debug)]
-pub struct AgentArgs {
+pub(crate) struct AgentArgs {
     #[command(flatten)]
     pub etcd: EtcdArgs,
 
-    /// Uplink interface (default: the device of the default route).
-    #[arg(long, env = "FLANNELD_IFACE")]
-    pub iface: Option<String>,
+    /// Uplink interface, by name or by one of its IPv4 addresses; repeat
+    /// (or separate with commas) to give alternatives, the first that exists
+    /// wins. Default: see --iface-regex, --iface-can-reach, else the device
+    /// of the default route.
+    #[arg(long, env = "FLANNELD_IFACE", value_delimiter = ',')]
+    pub iface: Vec<String>,
+    /// Regular expression matched against every interface's IPv4 addresses,
+    /// then against interface names, when no --iface is given; repeat to
+    /// give alternatives, tried in order.
+    #[arg(long, env = "FLANNELD_IFACE_REGEX")]
+    pub iface_regex: Vec<String>,
+    /// Use the interface (and its address) that the route to this address
+    /// goes out of, when neither --iface nor --iface-regex is given.
+    #[arg(long, env = "FLANNELD_IFACE_CAN_REACH")]
+    pub iface_can_reach: Option<Ipv4Addr>,
     /// Public IP of this node, the VTEP address peers send to (default: the
     /// uplink's first IPv4 address).
     #[arg(long, env = "FLANNELD_PUBLIC_IP")]
     pub public_ip: Option<Ipv4Addr>,
     /// Where to write subnet.env for the CNI plugin.
-    #[arg(long, env = "FLANNELD_SUBNET_FILE", default_value = subnet_file::DEFAULT_PATH)]
+    #[arg(long, env = "FLANNELD_SUBNET_FILE", default_value = DEFAULT_SUBNET_FILE)]
     pub subnet_file: PathBuf,
     /// Warn when the lease has gone unrenewed so long that less than this
     /// many minutes of its TTL are left.
@@ -178,8 +245,45 @@ pub struct AgentArgs {
     #[arg(long, env = "WEFT_DATAPATH", value_enum, default_value_t = DatapathKind::Ebpf)]
     pub datapath: DatapathKind,
     /// Where decapsulation runs.
-    #[arg(long, env = "WEFT_XDP_MODE", value_enum, default_value_t = XdpModeArg::Auto)]
-    pub xdp_mode: XdpModeArg,
+    #[arg(long, env = "WEFT_XDP_MODE", value_enum, default_value_t = XdpMode::Auto)]
+    pub xdp_mode: XdpMode,
+    /// How pods' traffic between nodes crosses the host: `auto` bypasses the
+    /// host stack for flows conntrack has confirmed without NAT, `bpf` for
+    /// all of it (netfilter no longer sees it), `legacy` never.
+    #[arg(long, env = "WEFT_HOST_ROUTING", value_enum, default_value_t = HostRouting::Auto)]
+    pub host_routing: HostRouting,
+    /// Masquerade pods' traffic to destinations outside the cluster network
+    /// (as flannel's --ip-masq: pod-to-pod traffic keeps its source).
+    #[arg(long, env = "FLANNELD_IP_MASQ")]
+    pub ip_masq: bool,
+    /// Masquerade with random source ports rather than fully random ones.
+    #[arg(long, env = "FLANNELD_IP_MASQ_FULLY_RANDOM_DISABLE")]
+    pub ip_masq_fully_random_disable: bool,
+    /// Accept forwarded traffic from and to the cluster network in
+    /// iptables' FORWARD chain, whose policy may be DROP (as Docker sets
+    /// it); `--iptables-forward-rules=false` leaves that chain alone.
+    #[arg(long, env = "FLANNELD_IPTABLES_FORWARD_RULES", default_value_t = true,
+          action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub iptables_forward_rules: bool,
+    /// Log every packet the dataplane drops, with the reason and the
+    /// addresses (for debugging; off costs nothing).
+    #[arg(long, env = "WEFT_TRACE_DROPS")]
+    pub trace_drops: bool,
+    /// Capacity of the peer maps: remote subnets this node can reach.
+    /// Leases beyond it are not programmed (and reported).
+    #[arg(long, env = "WEFT_MAX_PEERS", default_value_t = dataplane_common::MAX_PEERS,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub max_peers: u32,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Where the CNI IPAM plugin (host-local) records the addresses it
+    /// gives pods; read to tell when no pod holds an old subnet's address.
+    #[arg(
+        long,
+        env = "WEFT_CNI_IPAM_DIR",
+        default_value = "/var/lib/cni/networks"
+    )]
+    pub cni_ipam_dir: PathBuf,
     #[command(flatten)]
     pub pins: PinArgs,
     /// Address of the health and metrics server.

@@ -10,23 +10,22 @@ use tokio::{
     net::TcpListener,
 };
 
-/// Produces the /metrics body.
-pub type MetricsFn = Arc<dyn Fn() -> String + Send + Sync>;
-/// Answers /readyz.
-pub type ReadyFn = Arc<dyn Fn() -> bool + Send + Sync>;
+use crate::{lease::unix_now, metrics::Metrics};
 
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    TcpListener::bind(addr)
+/// Binds `addr` and serves it in the background.
+pub(crate) async fn start(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<()> {
+    let listener = TcpListener::bind(addr)
         .await
-        .with_context(|| format!("binding the health server to {addr}"))
+        .with_context(|| format!("binding the health server to {addr}"))?;
+    tokio::spawn(serve(listener, metrics));
+    Ok(())
 }
 
-pub async fn serve(listener: TcpListener, ready: ReadyFn, metrics: MetricsFn) {
+async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;
         };
-        let ready = ready.clone();
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
@@ -54,14 +53,20 @@ pub async fn serve(listener: TcpListener, ready: ReadyFn, metrics: MetricsFn) {
             let path = path.split('?').next().unwrap_or("");
             let (status, ctype, body) = match (method, path) {
                 ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
-                ("GET", "/readyz") if ready() => ("200 OK", "text/plain", "ready\n".to_string()),
+                ("GET", "/readyz") if metrics.ready() => {
+                    ("200 OK", "text/plain", "ready\n".to_string())
+                }
                 ("GET", "/readyz") => (
                     "503 Service Unavailable",
                     "text/plain",
                     "not ready: the lease is not held or the peers are not programmed yet\n"
                         .to_string(),
                 ),
-                ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics()),
+                ("GET", "/metrics") => (
+                    "200 OK",
+                    "text/plain; version=0.0.4",
+                    metrics.render(unix_now()),
+                ),
                 ("GET", _) => (
                     "404 Not Found",
                     "text/plain",

@@ -1,15 +1,134 @@
 //! Weft: an eBPF-accelerated VXLAN overlay network agent, wire- and
 //! etcd-compatible with flannel's VXLAN backend.
+//!
+//! The binary is [`main`]. The `dataplane` and `lease` modules are also a
+//! library for Weft's integration tests and benchmarks. Without the
+//! `agent` feature (on by default) the crate is only flannel's formats: the
+//! parsers of untrusted input, for the fuzz targets.
 
-pub mod agent;
-pub mod cli;
-pub mod commands;
-pub mod datapath;
+#[cfg(feature = "agent")]
+mod agent;
+#[cfg(feature = "agent")]
+mod backoff;
+#[cfg(feature = "agent")]
+mod cli;
+#[cfg(feature = "agent")]
+mod cni;
+#[cfg(feature = "agent")]
+mod commands;
+#[cfg(feature = "agent")]
 pub mod dataplane;
-pub mod http;
+#[cfg(feature = "agent")]
+mod http;
 pub mod lease;
 pub mod mac;
-pub mod metrics;
-pub mod node;
-pub mod peers;
-pub mod status;
+#[cfg(feature = "agent")]
+mod metrics;
+#[cfg(feature = "agent")]
+mod net;
+#[cfg(feature = "agent")]
+mod node;
+#[cfg(feature = "agent")]
+mod pods;
+#[cfg(feature = "agent")]
+mod report;
+
+#[cfg(feature = "agent")]
+use std::process::ExitCode;
+
+#[cfg(feature = "agent")]
+use clap::Parser as _;
+
+#[cfg(feature = "agent")]
+use crate::cli::{Cli, Command, LogFormat};
+
+/// The endpoints Weft's CNI plugin registered under `state_dir` (what the
+/// agent programs for host routing), for tests and benchmarks that drive
+/// the dataplane through the library.
+#[cfg(feature = "agent")]
+pub fn endpoint_records(state_dir: &std::path::Path) -> Vec<dataplane::EndpointSpec> {
+    cni::records(state_dir)
+        .iter()
+        .map(|r| r.endpoint())
+        .collect()
+}
+
+/// `weft`: parses the command line and runs the command.
+#[cfg(feature = "agent")]
+pub fn main() -> ExitCode {
+    // Run by a container runtime as a CNI plugin (the binary is installed
+    // as /opt/cni/bin/weft too).
+    if cni::invoked() {
+        return cni::main();
+    }
+    let cli = Cli::parse();
+    init_logging(cli.log_format, &cli.log_level);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("weft: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Agent(args) => agent::run(*args).await,
+            Command::Leases { etcd, json } => commands::leases(&etcd, json).await,
+            Command::Counters { pins } => commands::counters(&pins),
+            Command::Status { node, json } => commands::status(&node, json).await,
+            Command::Teardown { pins, state } => commands::teardown(&pins, &state).await,
+            Command::InstallCni { dirs, conflist } => commands::install_cni(
+                &dirs.bin_dir,
+                &dirs.conf_dir,
+                conflist.as_deref(),
+                &dirs.conf_name,
+            ),
+            Command::Doctor {
+                node,
+                cni_conf_dir,
+                probe_timeout,
+            } => {
+                commands::doctor(commands::DoctorArgs {
+                    node: &node,
+                    cni_conf_dir: &cni_conf_dir,
+                    probe_timeout: std::time::Duration::from_secs_f64(
+                        probe_timeout.clamp(0.05, 60.0),
+                    ),
+                })
+                .await
+            }
+            Command::UninstallCni { dirs } => {
+                commands::uninstall_cni(&dirs.bin_dir, &dirs.conf_dir, &dirs.conf_name)
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("weft: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(feature = "agent")]
+fn init_logging(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
+        eprintln!("weft: bad --log-level {filter:?} ({e}); using info");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    use std::io::IsTerminal as _;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    // `init` also routes the `log` facade (the eBPF drop trace) into tracing.
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,19 +1,33 @@
 //! The agent's counters and gauges, rendered in Prometheus text format.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     sync::{
-        Mutex,
+        Arc, Mutex, OnceLock,
         atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed},
     },
     time::Duration,
 };
 
+use crate::dataplane::Counters;
+
+/// What `weft_repairs_total` counts, all shown from the start.
+const REPAIRS: [&str; 7] = [
+    "device",
+    "address",
+    "programs",
+    "routes",
+    "sysctls",
+    "nftables",
+    "forward_rules",
+];
+
 /// Bucket bounds (seconds) of the acquire latency histogram.
 const ACQUIRE_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0];
 
 #[derive(Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     etcd_errors: AtomicU64,
     watch_resyncs: AtomicU64,
     malformed_leases: AtomicU64,
@@ -28,6 +42,24 @@ pub struct Metrics {
     peers: AtomicU64,
     ready: AtomicBool,
     acquire_hist: Mutex<Histogram>,
+    /// Leases currently rejected, by reason.
+    rejected: Mutex<BTreeMap<&'static str, u64>>,
+    /// Peers not (fully) programmed, by problem.
+    problems: Mutex<BTreeMap<&'static str, u64>>,
+    old_subnet_pods: AtomicU64,
+    /// Things found removed and put back, by what.
+    repairs: Mutex<BTreeMap<&'static str, u64>>,
+    /// Peers reached without encapsulation (DirectRouting).
+    direct_peers: AtomicU64,
+    /// When (unix ms) the lease watch last knew it was current: a list, an
+    /// event or a progress notification. 0: not yet.
+    watch_confirmed_ms: AtomicI64,
+    /// The etcd member the watch's last response came from.
+    watch_member: AtomicU64,
+    /// Each etcd endpoint: healthy and in rotation.
+    etcd_members: Mutex<Vec<(String, bool)>>,
+    /// The dataplane's packet counters, once it is up.
+    counters: OnceLock<Arc<Counters>>,
 }
 
 #[derive(Default)]
@@ -38,48 +70,83 @@ struct Histogram {
 }
 
 impl Metrics {
-    pub fn inc_etcd_error(&self) {
+    pub(crate) fn inc_etcd_error(&self) {
         self.etcd_errors.fetch_add(1, Relaxed);
     }
-    pub fn inc_watch_resync(&self) {
+    pub(crate) fn inc_watch_resync(&self) {
         self.watch_resyncs.fetch_add(1, Relaxed);
     }
-    pub fn inc_malformed_lease(&self) {
+    pub(crate) fn inc_malformed_lease(&self) {
         self.malformed_leases.fetch_add(1, Relaxed);
     }
-    pub fn inc_lease_lost(&self) {
+    pub(crate) fn inc_lease_lost(&self) {
         self.leases_lost.fetch_add(1, Relaxed);
     }
-    pub fn inc_out_of_subnets(&self) {
+    pub(crate) fn inc_out_of_subnets(&self) {
         self.out_of_subnets.fetch_add(1, Relaxed);
     }
-    pub fn inc_lease_changes_applied(&self, n: u64) {
+    pub(crate) fn inc_lease_changes_applied(&self, n: u64) {
         self.lease_changes_applied.fetch_add(n, Relaxed);
     }
-    pub fn set_peers(&self, n: u64) {
+    pub(crate) fn set_peers(&self, n: u64) {
         self.peers.store(n, Relaxed);
     }
-    pub fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Relaxed);
     }
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         self.ready.load(Relaxed)
     }
-    pub fn set_lease(&self, held: bool, expires_at_unix: i64) {
+    pub(crate) fn set_lease(&self, held: bool, expires_at_unix: i64) {
         self.lease_held.store(held, Relaxed);
         self.lease_expires_at.store(expires_at_unix, Relaxed);
     }
-    pub fn lease_held(&self) -> bool {
+    pub(crate) fn lease_held(&self) -> bool {
         self.lease_held.load(Relaxed)
     }
-    pub fn malformed_leases(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn malformed_leases(&self) -> u64 {
         self.malformed_leases.load(Relaxed)
     }
-    pub fn leases_lost(&self) -> u64 {
-        self.leases_lost.load(Relaxed)
+    pub(crate) fn set_rejected(&self, by_reason: BTreeMap<&'static str, u64>) {
+        *self.rejected.lock().expect("metrics lock") = by_reason;
+    }
+    pub(crate) fn set_problems(&self, by_kind: BTreeMap<&'static str, u64>) {
+        *self.problems.lock().expect("metrics lock") = by_kind;
+    }
+    pub(crate) fn set_old_subnet_pods(&self, n: u64) {
+        self.old_subnet_pods.store(n, Relaxed);
+    }
+    pub(crate) fn inc_repairs(&self, what: &'static str) {
+        *self
+            .repairs
+            .lock()
+            .expect("metrics lock")
+            .entry(what)
+            .or_default() += 1;
+    }
+    pub(crate) fn watch_confirmed(&self) {
+        self.watch_confirmed_ms.store(now_ms(), Relaxed);
+    }
+    /// How long since the watch last knew it was current (None: never).
+    pub(crate) fn watch_lag(&self) -> Option<Duration> {
+        let at = self.watch_confirmed_ms.load(Relaxed);
+        (at > 0).then(|| Duration::from_millis((now_ms() - at).max(0) as u64))
+    }
+    pub(crate) fn set_watch_member(&self, id: u64) {
+        self.watch_member.store(id, Relaxed);
+    }
+    pub(crate) fn set_etcd_members(&self, members: Vec<(String, bool)>) {
+        *self.etcd_members.lock().expect("metrics lock") = members;
+    }
+    pub(crate) fn set_direct_peers(&self, n: u64) {
+        self.direct_peers.store(n, Relaxed);
+    }
+    pub(crate) fn set_counters(&self, c: Arc<Counters>) {
+        let _ = self.counters.set(c);
     }
 
-    pub fn observe_acquire(&self, took: Duration) {
+    pub(crate) fn observe_acquire(&self, took: Duration) {
         self.acquisitions.fetch_add(1, Relaxed);
         let s = took.as_secs_f64();
         let mut h = self.acquire_hist.lock().expect("metrics lock");
@@ -92,9 +159,8 @@ impl Metrics {
         h.count += 1;
     }
 
-    /// The agent's own metrics in Prometheus text format (the dataplane's
-    /// counters are appended by the caller).
-    pub fn render(&self, now_unix: i64) -> String {
+    /// Every metric in Prometheus text format.
+    pub(crate) fn render(&self, now_unix: i64) -> String {
         let mut o = String::new();
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
@@ -179,6 +245,104 @@ impl Metrics {
         }
         let _ = writeln!(o, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
         let _ = writeln!(o, "{name}_sum {}\n{name}_count {}", h.sum, h.count);
+        drop(h);
+        let name = "weft_leases_rejected";
+        let _ = writeln!(
+            o,
+            "# HELP {name} Leases in etcd that are not programmed, by reason.\n# TYPE {name} gauge"
+        );
+        for (reason, n) in self.rejected.lock().expect("metrics lock").iter() {
+            let _ = writeln!(o, "{name}{{reason=\"{reason}\"}} {n}");
+        }
+        let name = "weft_peer_problems";
+        let _ = writeln!(
+            o,
+            "# HELP {name} Peers not programmed (map_full, map) or without their route (route), retried with backoff.\n# TYPE {name} gauge"
+        );
+        for (problem, n) in self.problems.lock().expect("metrics lock").iter() {
+            let _ = writeln!(o, "{name}{{problem=\"{problem}\"}} {n}");
+        }
+        gauge(
+            &mut o,
+            "weft_old_subnet_pods",
+            "Local pods still on the subnet this node held before its lease was lost (the node is not ready until there are none).",
+            self.old_subnet_pods.load(Relaxed) as f64,
+        );
+        gauge(
+            &mut o,
+            "weft_etcd_watch_lag_seconds",
+            "Seconds since the lease watch last knew it was current (an event, a progress notification or a list); -1 before the first.",
+            self.watch_lag().map_or(-1.0, |d| d.as_secs_f64()),
+        );
+        let name = "weft_etcd_watch_member";
+        let _ = writeln!(
+            o,
+            "# HELP {name} The etcd member (id, hex) the lease watch last heard from.\n# TYPE {name} gauge"
+        );
+        let member = self.watch_member.load(Relaxed);
+        if member != 0 {
+            let _ = writeln!(o, "{name}{{member=\"{member:x}\"}} 1");
+        }
+        let name = "weft_etcd_endpoint_healthy";
+        let _ = writeln!(
+            o,
+            "# HELP {name} 1 for an etcd endpoint that answers with a leader and is in the client's rotation (checked every 2 s with several endpoints).\n# TYPE {name} gauge"
+        );
+        for (ep, up) in self.etcd_members.lock().expect("metrics lock").iter() {
+            let _ = writeln!(o, "{name}{{endpoint=\"{ep}\"}} {}", u8::from(*up));
+        }
+        let name = "weft_repairs_total";
+        let _ = writeln!(
+            o,
+            "# HELP {name} Things of Weft's found removed and put back (device, address, programs, routes, sysctls, nftables, forward_rules).\n# TYPE {name} counter"
+        );
+        for what in REPAIRS {
+            let n = self
+                .repairs
+                .lock()
+                .expect("metrics lock")
+                .get(what)
+                .copied()
+                .unwrap_or(0);
+            let _ = writeln!(o, "{name}{{what=\"{what}\"}} {n}");
+        }
+        gauge(
+            &mut o,
+            "weft_direct_peers",
+            "Peers reached without encapsulation (DirectRouting: on the uplink's own subnet).",
+            self.direct_peers.load(Relaxed) as f64,
+        );
+        if let Some(c) = self.counters.get() {
+            render_counters(&mut o, c);
+        }
         o
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The eBPF counters.
+fn render_counters(o: &mut String, c: &Counters) {
+    let Ok(all) = c.all() else { return };
+    for (name, help, value) in [
+        (
+            "weft_dataplane_packets_total",
+            "Packets seen by the eBPF programs, by outcome.",
+            (|c: &dataplane_common::Counter| c.packets) as fn(&dataplane_common::Counter) -> u64,
+        ),
+        (
+            "weft_dataplane_bytes_total",
+            "Bytes seen by the eBPF programs, by outcome.",
+            |c| c.bytes,
+        ),
+    ] {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (r, v) in &all {
+            let _ = writeln!(o, "{name}{{reason=\"{}\"}} {}", r.name(), value(v));
+        }
     }
 }

@@ -1,0 +1,237 @@
+//! Weft's CNI plugin (`"type": "weft"`), run by a container runtime as the
+//! `weft` binary with `CNI_COMMAND` in its environment (CNI spec 1.0: ADD,
+//! DEL, CHECK, VERSION).
+//!
+//! - Standalone (no `prevResult`): does what flannel's plugin does (reads
+//!   subnet.env, delegates to `bridge` with `host-local` over the node's
+//!   subnet, its MTU and masquerade setting), then registers the endpoint.
+//! - Chained after the plugin that attached the pod (flannel's, or `bridge`
+//!   configured like it): reads `prevResult`, registers the endpoint, and
+//!   passes the result on.
+//!
+//! Registering an endpoint writes a record into `<stateDir>/endpoints/` (the
+//! plugin's own result cache) and tells the agent over
+//! `<stateDir>/cni.sock`; with the agent down, ADD still succeeds and the
+//! pod takes the host stack until the agent, back, reads the record.
+
+mod config;
+mod delegate;
+mod error;
+mod notify;
+mod record;
+
+use std::{io::Read as _, process::ExitCode};
+
+use serde_json::{Value, json};
+
+pub(crate) use notify::Listener;
+pub(crate) use record::{forget, records};
+
+use self::record::Record;
+
+use self::{
+    config::NetConf,
+    error::{CniError, Code},
+};
+
+/// The CNI versions this plugin speaks.
+const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// Whether this process was started as a CNI plugin.
+pub(crate) fn invoked() -> bool {
+    std::env::var_os("CNI_COMMAND").is_some() && std::env::args_os().len() == 1
+}
+
+/// The plugin: reads the config on stdin, prints the result (or a CNI
+/// error) on stdout.
+pub(crate) fn main() -> ExitCode {
+    let mut stdin = Vec::new();
+    let version = std::io::stdin()
+        .read_to_end(&mut stdin)
+        .ok()
+        .and_then(|_| serde_json::from_slice::<Value>(&stdin).ok())
+        .and_then(|v| v["cniVersion"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "1.0.0".to_string());
+    match run(&stdin) {
+        Ok(Some(out)) => {
+            println!("{out}");
+            ExitCode::SUCCESS
+        }
+        Ok(None) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("{}", e.to_json(&version));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The environment a runtime sets.
+struct Env {
+    command: String,
+    container_id: String,
+    netns: String,
+    ifname: String,
+    path: Vec<String>,
+}
+
+fn env_var(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+fn env() -> Result<Env, CniError> {
+    let e = Env {
+        command: env_var("CNI_COMMAND"),
+        container_id: env_var("CNI_CONTAINERID"),
+        netns: env_var("CNI_NETNS"),
+        ifname: env_var("CNI_IFNAME"),
+        path: env_var("CNI_PATH")
+            .split(':')
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect(),
+    };
+    if e.command != "VERSION" {
+        let ok_id = !e.container_id.is_empty()
+            && e.container_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+        if !ok_id {
+            return Err(CniError::new(
+                Code::InvalidEnv,
+                format!(
+                    "CNI_CONTAINERID {:?} is missing or not [A-Za-z0-9_.-]+",
+                    e.container_id
+                ),
+            ));
+        }
+        if e.ifname.is_empty() || e.ifname.len() > 15 || e.ifname.contains('/') {
+            return Err(CniError::new(
+                Code::InvalidEnv,
+                format!("CNI_IFNAME {:?} is not an interface name", e.ifname),
+            ));
+        }
+        if e.command != "DEL" && e.netns.is_empty() {
+            return Err(CniError::new(Code::InvalidEnv, "CNI_NETNS is missing"));
+        }
+    }
+    Ok(e)
+}
+
+fn run(stdin: &[u8]) -> Result<Option<String>, CniError> {
+    let env = env()?;
+    if env.command == "VERSION" {
+        let conf: Value = serde_json::from_slice(stdin).unwrap_or(json!({}));
+        return Ok(Some(
+            json!({
+                "cniVersion": conf["cniVersion"].as_str().unwrap_or("1.0.0"),
+                "supportedVersions": VERSIONS,
+            })
+            .to_string(),
+        ));
+    }
+    let conf = NetConf::parse(stdin)?;
+    if !VERSIONS.contains(&conf.cni_version.as_str()) {
+        return Err(CniError::new(
+            Code::IncompatibleVersion,
+            format!(
+                "cniVersion {} is not supported (supported: {})",
+                conf.cni_version,
+                VERSIONS.join(", ")
+            ),
+        ));
+    }
+    match env.command.as_str() {
+        "ADD" => add(&conf, &env).map(Some),
+        "DEL" => del(&conf, &env).map(|()| None),
+        "CHECK" => check(&conf, &env).map(|()| None),
+        other => Err(CniError::new(
+            Code::InvalidEnv,
+            format!("CNI_COMMAND {other:?} is not ADD, DEL, CHECK or VERSION"),
+        )),
+    }
+}
+
+fn add(conf: &NetConf, env: &Env) -> Result<String, CniError> {
+    let (result, delegate) = match &conf.prev_result {
+        Some(prev) => (prev.clone(), None),
+        None => {
+            let d = conf.delegate_config()?;
+            (delegate::exec(&d, "ADD", env, None)?, Some(d))
+        }
+    };
+    let rec = Record::from_result(
+        conf,
+        env.container_id.clone(),
+        env.ifname.clone(),
+        &env.netns,
+        &result,
+        delegate,
+    )?;
+    record::write(&conf.state_dir, &rec)?;
+    notify::agent(&conf.state_dir);
+    Ok(result.to_string())
+}
+
+fn del(conf: &NetConf, env: &Env) -> Result<(), CniError> {
+    let owner = record::owner(&env.container_id, &env.ifname);
+    let rec = record::read(&conf.state_dir, &owner);
+    match rec.as_ref().map(|r| r.delegate.as_ref()) {
+        // Standalone: what ADD delegated to gets the DEL, with the config it
+        // had then (subnet.env may have changed or be gone since).
+        Some(Some(d)) => {
+            delegate::exec(d, "DEL", env, conf.prev_result.as_ref())?;
+        }
+        // Chained: the plugins before this one clean up themselves.
+        Some(None) => {}
+        // Nothing registered (DEL without ADD, a second DEL, or an ADD that
+        // died before registering): a standalone config still releases
+        // whatever the delegate may hold, as best it can.
+        None => {
+            if conf.prev_result.is_none()
+                && let Ok(d) = conf.delegate_config()
+            {
+                let _ = delegate::exec(&d, "DEL", env, None);
+            }
+        }
+    }
+    if rec.is_some() {
+        record::remove(&conf.state_dir, &owner)?;
+        notify::agent(&conf.state_dir);
+    }
+    Ok(())
+}
+
+fn check(conf: &NetConf, env: &Env) -> Result<(), CniError> {
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| CniError::new(Code::InvalidConfig, "CHECK needs prevResult"))?;
+    let owner = record::owner(&env.container_id, &env.ifname);
+    let rec = record::read(&conf.state_dir, &owner).ok_or_else(|| {
+        CniError::new(
+            Code::UnknownContainer,
+            format!("no endpoint registered for {owner}"),
+        )
+    })?;
+    if let Some(d) = &rec.delegate {
+        delegate::exec(d, "CHECK", env, Some(prev))?;
+    }
+    let now = Record::from_result(
+        conf,
+        env.container_id.clone(),
+        env.ifname.clone(),
+        &env.netns,
+        prev,
+        rec.delegate.clone(),
+    )?;
+    if (now.ip, now.pod_mac, now.host_if.as_str()) != (rec.ip, rec.pod_mac, rec.host_if.as_str()) {
+        return Err(CniError::new(
+            Code::Plugin,
+            format!(
+                "the endpoint registered for {owner} ({} {} on {}) is not the pod's ({} {} on {})",
+                rec.ip, rec.pod_mac, rec.host_if, now.ip, now.pod_mac, now.host_if
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! `weft status`: this node at a glance, from the pinned maps and links,
+//! the subnet file, netlink, and (if reachable) etcd.
+
+use std::{net::Ipv4Addr, path::Path, time::Duration};
+
+use anyhow::Result;
+use serde_json::json;
+
+use crate::{
+    cli::NodeArgs,
+    dataplane::{
+        Counters, EndpointMap, Hook, Netlink, PeerMaps, PinDir, pinned_links, pinned_program,
+    },
+    lease::{self, EtcdOptions, EtcdStore, Store as _, to_key},
+    mac::MacAddr,
+    report,
+};
+
+pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
+    let (pins, state, etcd) = (&node.pins, &node.state, &node.etcd);
+    let subnet_path: &Path = &node.subnet_file;
+    let dir = PinDir::new(&pins.bpffs_dir);
+    let maps = PeerMaps::open(&dir)?;
+    let cfg = maps.config()?;
+    let counters = Counters::open(&dir)?.all()?;
+    let capacity = maps.capacity()?;
+    let agent = report::read(&state.state_dir);
+    let mut peers: Vec<_> = maps.peers()?.into_values().collect();
+    peers.sort_by_key(|p| p.subnet);
+    let direct = maps.direct_subnets()?;
+    let path = |s: &ipnet::Ipv4Net| {
+        if direct.contains(s) {
+            "direct"
+        } else {
+            "vxlan"
+        }
+    };
+    let nl = Netlink::new()?;
+    let mut attach = Vec::new();
+    let mut pod_veths = 0;
+    for (hook, iface, ifindex) in pinned_links(&dir)? {
+        let program = pinned_program(&dir, hook, &iface, ifindex).unwrap_or_else(|| "?".into());
+        if program == dataplane_common::program_names::FROM_POD {
+            pod_veths += 1;
+            continue;
+        }
+        let mode = match hook {
+            Hook::Xdp => match nl.link(&iface).await?.and_then(|l| l.xdp) {
+                Some(x) => x.mode.map_or("attached", |m| m.as_str()).to_string(),
+                None => "detached".into(),
+            },
+            _ => "-".into(),
+        };
+        attach.push((iface, hook.name(), program, mode));
+    }
+    let endpoints = EndpointMap::open(&dir)
+        .and_then(|m| m.all())
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let uplink = nl.link_by_index(cfg.uplink_ifindex).await?;
+    let subnet = lease::read_subnet(subnet_path).ok().flatten();
+
+    // The lease's time to live, if etcd answers quickly.
+    let lease = match subnet {
+        Some(s) => {
+            let key = format!("{}/subnets/{}", etcd.prefix(), to_key(&s));
+            let mut o = etcd.options();
+            o.request_timeout = Duration::from_secs(2);
+            match tokio::time::timeout(Duration::from_secs(3), lease_ttl(&o, &key)).await {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => format!("unknown (etcd: {e})"),
+                Err(_) => "unknown (etcd did not answer)".into(),
+            }
+        }
+        None => "unknown (no subnet file)".into(),
+    };
+
+    let local = Ipv4Addr::from(cfg.local_addr_be.to_ne_bytes());
+    if json_out {
+        let doc = json!({
+            "subnet": subnet.map(|s| s.to_string()),
+            "lease": lease,
+            "public_ip": local.to_string(),
+            "vni": cfg.vni,
+            "port": cfg.port,
+            "vtep_mac": MacAddr(cfg.vtep_mac).to_string(),
+            "uplink": uplink.as_ref().map(|l| json!({"name": l.name, "ifindex": l.index, "mtu": l.mtu})),
+            "attached": attach.iter().map(|(i, h, p, m)| json!({"iface": i, "hook": h, "program": p, "xdp_mode": m})).collect::<Vec<_>>(),
+            "peers": peers.iter().map(|p| json!({"subnet": p.subnet.to_string(), "vtep": p.vtep.to_string(), "mac": p.mac.to_string(), "path": path(&p.subnet)})).collect::<Vec<_>>(),
+            "peer_capacity": capacity,
+            "endpoints": endpoints,
+            "pod_veth_programs": pod_veths,
+            "agent": agent,
+            "counters": counters.iter().map(|(r, c)| (r.name().to_string(), json!({"packets": c.packets, "bytes": c.bytes}))).collect::<serde_json::Map<_, _>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!("Node");
+    println!(
+        "  subnet     {}",
+        subnet
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "unknown".into())
+    );
+    println!("  lease      {lease}");
+    println!(
+        "  VTEP       {local}  VNI {}  UDP {}  MAC {}",
+        cfg.vni,
+        cfg.port,
+        MacAddr(cfg.vtep_mac)
+    );
+    if let Some(u) = &uplink {
+        println!(
+            "  uplink     {} (ifindex {}, MTU {})",
+            u.name, u.index, u.mtu
+        );
+    }
+    println!("\nAttached programs");
+    for (iface, hook, prog, mode) in &attach {
+        println!("  {iface:<12} {hook:<11} {prog:<14} {mode}");
+    }
+    println!(
+        "  weft_from_pod on {pod_veths} pod veth(s); {endpoints} local pod(s) in the endpoint map"
+    );
+    if let Some(d) = agent.as_ref().and_then(|r| r.decap.as_ref()) {
+        println!("  decapsulation: {} ({})", d.hook, d.why);
+    }
+    if let Some(r) = &agent {
+        println!("  host routing: {}", r.host_routing);
+        println!(
+            "  masquerade: {}",
+            if r.masquerade {
+                "on (--ip-masq)"
+            } else {
+                "off"
+            }
+        );
+        if let Some(m) = r.mtu {
+            println!("  overlay MTU: {m}");
+        }
+    }
+    println!("\nPeers ({} of {capacity})", peers.len());
+    println!("  {:<18} {:<16} {:<18} PATH", "SUBNET", "VTEP", "MAC");
+    for p in &peers {
+        println!(
+            "  {:<18} {:<16} {:<18} {}",
+            p.subnet.to_string(),
+            p.vtep.to_string(),
+            p.mac.to_string(),
+            path(&p.subnet)
+        );
+    }
+    if peers.len() as u32 >= capacity {
+        println!("  the peer map is full: leases beyond it are not programmed; raise --max-peers");
+    }
+    match &agent {
+        None => println!(
+            "\nAgent: no report in {} (is the agent running with this --state-dir?)",
+            state.state_dir.display()
+        ),
+        Some(r) => {
+            println!("\nAgent: {}", if r.ready { "ready" } else { "NOT READY" });
+            if let Some(o) = &r.old_subnet {
+                println!(
+                    "  waiting for {} local pod(s) to leave the old subnet {}: recreate them",
+                    o.pods, o.subnet
+                );
+            }
+            if !r.problems.is_empty() {
+                println!(
+                    "\nPeers not programmed ({}), retried with backoff",
+                    r.problems.len()
+                );
+                for p in &r.problems {
+                    println!(
+                        "  {:<18} {:<16} {:<9} {}",
+                        p.subnet, p.vtep, p.problem, p.error
+                    );
+                }
+            }
+            if !r.rejected.is_empty() {
+                println!("\nLeases rejected ({})", r.rejected.len());
+                for l in &r.rejected {
+                    println!("  {} ({}): {}", l.key, l.reason, l.detail);
+                }
+            }
+        }
+    }
+    println!("\nCounters");
+    for (r, c) in &counters {
+        println!(
+            "  {:<18} {:>12} packets {:>15} bytes",
+            r.name(),
+            c.packets,
+            c.bytes
+        );
+    }
+    Ok(())
+}
+
+async fn lease_ttl(o: &EtcdOptions, key: &str) -> Result<String> {
+    let store = EtcdStore::connect(o).await?;
+    let Some(kv) = store.get(key).await? else {
+        return Ok(format!("{key}: not in etcd"));
+    };
+    if kv.lease == 0 {
+        return Ok(format!("{key} (reservation, no TTL)"));
+    }
+    Ok(match store.ttl(kv.lease).await? {
+        Some(ttl) => format!("{key}, TTL {ttl}s"),
+        None => format!("{key}, its etcd lease has expired"),
+    })
+}

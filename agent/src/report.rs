@@ -1,0 +1,107 @@
+//! The agent's report for `weft status`: `<state-dir>/status.json`, written
+//! whenever what it says changes.
+//!
+//! `weft status` reads the kernel (pinned maps, links, routes) itself; this
+//! adds what only the agent knows: peers it could not program and why,
+//! leases it rejected and why, and whether it waits for pods to leave an old
+//! subnet.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use serde::{Deserialize, Serialize};
+
+/// The file's name in the state directory.
+pub(crate) const FILE: &str = "status.json";
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Report {
+    pub(crate) subnet: Option<String>,
+    pub(crate) ready: bool,
+    /// The subnet this node held before its lease was lost and it got
+    /// another, while local pods still have addresses in it.
+    pub(crate) old_subnet: Option<OldSubnet>,
+    /// Peers not (fully) programmed.
+    pub(crate) problems: Vec<PeerProblem>,
+    /// Leases this node does not program.
+    pub(crate) rejected: Vec<RejectedLease>,
+    /// `--host-routing`.
+    pub(crate) host_routing: String,
+    /// Local pods host routing reaches directly.
+    pub(crate) endpoints: usize,
+    /// Where decapsulation runs, and why.
+    pub(crate) decap: Option<Decap>,
+    /// `--ip-masq`.
+    #[serde(default)]
+    pub(crate) masquerade: bool,
+    /// The overlay device's MTU.
+    #[serde(default)]
+    pub(crate) mtu: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Decap {
+    pub(crate) hook: String,
+    pub(crate) why: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct OldSubnet {
+    pub(crate) subnet: String,
+    pub(crate) pods: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PeerProblem {
+    pub(crate) subnet: String,
+    pub(crate) vtep: String,
+    pub(crate) problem: String,
+    pub(crate) error: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RejectedLease {
+    pub(crate) key: String,
+    pub(crate) reason: String,
+    pub(crate) detail: String,
+}
+
+/// Writes reports, skipping those equal to the last one written.
+pub(crate) struct Reporter {
+    path: PathBuf,
+    last: Option<Report>,
+}
+
+impl Reporter {
+    pub(crate) fn new(state_dir: &Path) -> Self {
+        Self {
+            path: state_dir.join(FILE),
+            last: None,
+        }
+    }
+
+    pub(crate) fn write(&mut self, r: Report) {
+        if self.last.as_ref() == Some(&r) {
+            return;
+        }
+        match write_atomically(&self.path, &r) {
+            Ok(()) => self.last = Some(r),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot write the status report"),
+        }
+    }
+}
+
+fn write_atomically(path: &Path, r: &Report) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(".{FILE}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(r)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+/// The last report the agent wrote, if any.
+pub(crate) fn read(state_dir: &Path) -> Option<Report> {
+    let text = std::fs::read(state_dir.join(FILE)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
