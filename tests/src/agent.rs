@@ -44,6 +44,8 @@ pub struct Agent {
     pub dir: PathBuf,
     args: Vec<String>,
     netns: Option<String>,
+    /// Extra environment for the agent's process.
+    env: Vec<(String, String)>,
 }
 
 impl Agent {
@@ -53,6 +55,16 @@ impl Agent {
         Self::start_seeded(name, ns, args, None)
     }
 
+    /// Like [`Agent::start`], with extra environment variables.
+    pub fn start_with_env(
+        name: &str,
+        ns: Option<&Netns>,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        Self::launch(name, ns, args, env, None)
+    }
+
     /// Like [`Agent::start`], with a subnet file already in place naming
     /// `subnet` (FLANNEL_SUBNET form, e.g. 10.5.3.1/24): a stale or copied
     /// file, as a restarted or cloned machine has.
@@ -60,6 +72,16 @@ impl Agent {
         name: &str,
         ns: Option<&Netns>,
         args: &[String],
+        subnet: Option<&str>,
+    ) -> Result<Self> {
+        Self::launch(name, ns, args, &[], subnet)
+    }
+
+    fn launch(
+        name: &str,
+        ns: Option<&Netns>,
+        args: &[String],
+        env: &[(&str, &str)],
         subnet: Option<&str>,
     ) -> Result<Self> {
         let dir = std::env::temp_dir().join(crate::unique(&format!("weft-agent-{name}-")));
@@ -78,6 +100,10 @@ impl Agent {
             dir,
             args: args.to_vec(),
             netns: ns.map(|n| n.name().to_string()),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         a.spawn()?;
         Ok(a)
@@ -100,12 +126,21 @@ impl Agent {
         if !self.args.iter().any(|a| a == "--subnet-file") {
             cmd.arg("--subnet-file").arg(self.subnet_file());
         }
-        cmd.env("WEFT_LOG", "info,weft=debug")
+        if !self.args.iter().any(|a| a == "--state-dir") {
+            cmd.arg("--state-dir").arg(self.state_dir());
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("WEFT_LOG", "info,weft=debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
         self.child = Some(cmd.spawn().context("starting weft agent")?);
         Ok(())
+    }
+
+    /// The agent's state directory (saved host settings, status report).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
     }
 
     pub fn subnet_file(&self) -> PathBuf {
@@ -124,12 +159,22 @@ impl Agent {
         self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
     }
 
-    /// Whether the process is still running.
-    pub fn running(&mut self) -> bool {
-        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    /// Whether the process is still running (not exited, not a zombie).
+    pub fn running(&self) -> bool {
+        let Some(pid) = self.child.as_ref().map(|c| c.id()) else {
+            return false;
+        };
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().to_string())
+            })
+            .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
     }
 
-    fn signal(&self, sig: i32) {
+    /// Sends signal `sig` to the agent.
+    pub fn signal(&self, sig: i32) {
         if self.pid() > 0 {
             // SAFETY: kill(2) on our own child's pid.
             unsafe { libc::kill(self.pid(), sig) };
@@ -215,6 +260,14 @@ impl Agent {
             self.name,
             self.log()
         )
+    }
+
+    /// Waits until the agent has written its subnet file `n` times (it logs
+    /// the write after the file is in place); returns what the file names.
+    pub fn wait_subnet_written(&self, n: usize, within: Duration) -> Result<String> {
+        self.wait_log_count("wrote the subnet file", n, within)?;
+        self.subnet()
+            .with_context(|| format!("{}: the subnet file names no subnet", self.name))
     }
 
     /// Waits until the subnet file names a subnet other than `old`.

@@ -7,9 +7,12 @@
 //! at 198.18.0.i; pods in 10.244.0.0/16. All of it exists only inside the
 //! namespaces the test created.
 
-use std::net::Ipv4Addr;
+use std::{net::Ipv4Addr, path::PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
+use ipnet::Ipv4Net;
+
+use crate::cni::ConfList;
 
 use crate::netns::{Netns, mac, veth};
 
@@ -34,12 +37,27 @@ impl Underlay {
 
     /// Plugs `iface` of `ns` into the bridge, with `addr/24`.
     pub fn plug(&self, ns: &Netns, iface: &str, addr: &str) -> Result<()> {
+        self.plug_into("br0", ns, iface, addr)
+    }
+
+    /// A second L2 segment: bridge `bridge` in the underlay namespace,
+    /// which holds `router/24` on it and routes between it and `br0`.
+    pub fn add_segment(&self, bridge: &str, router: &str) -> Result<()> {
+        self.ns.ip(&["link", "add", bridge, "type", "bridge"])?;
+        self.ns.ip(&["link", "set", bridge, "up"])?;
+        self.ns
+            .ip(&["addr", "add", &format!("{router}/24"), "dev", bridge])?;
+        self.ns.sysctl("net.ipv4.ip_forward", "1")
+    }
+
+    /// Plugs `iface` of `ns` into bridge `bridge`, with `addr/24`.
+    pub fn plug_into(&self, bridge: &str, ns: &Netns, iface: &str, addr: &str) -> Result<()> {
         let n = self
             .ports
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let port = format!("p{n}");
         veth(ns, iface, &self.ns, &port)?;
-        self.ns.ip(&["link", "set", &port, "master", "br0"])?;
+        self.ns.ip(&["link", "set", &port, "master", bridge])?;
         ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", iface])?;
         Ok(())
     }
@@ -53,10 +71,15 @@ impl Underlay {
     }
 }
 
-/// A pod: a namespace with `eth0` on its node's cni0.
+/// A pod: a namespace with `eth0`, attached by CNI plugins.
 pub struct Pod {
     pub ns: Netns,
     pub ip: Ipv4Addr,
+    /// The host side of its veth.
+    pub host_if: String,
+    pub container_id: String,
+    /// What CNI ADD returned (libcni keeps it for DEL and CHECK).
+    pub result: serde_json::Value,
 }
 
 /// A node: a namespace with `eth0` on the underlay.
@@ -65,6 +88,10 @@ pub struct Node {
     pub index: u8,
     pub ip: Ipv4Addr,
     pub pods: Vec<Pod>,
+    /// The network pods are attached to (once the node's subnet is known).
+    pub cni: Option<ConfList>,
+    /// host-local's records of this node's pod addresses.
+    pub ipam_dir: PathBuf,
 }
 
 impl Node {
@@ -72,64 +99,117 @@ impl Node {
         let ns = Netns::new("wn")?;
         let ip = Ipv4Addr::new(198, 18, 0, index);
         underlay.plug(&ns, "eth0", &ip.to_string())?;
-        Ok(Self {
+        Ok(Self::in_ns(ns, index, ip))
+    }
+
+    /// A node on the segment `bridge` (see [`Underlay::add_segment`]) at
+    /// `ip`, reaching the rest of the underlay through `gateway`.
+    pub fn on_segment(
+        underlay: &Underlay,
+        bridge: &str,
+        index: u8,
+        ip: Ipv4Addr,
+        gateway: Ipv4Addr,
+    ) -> Result<Self> {
+        let ns = Netns::new("wn")?;
+        underlay.plug_into(bridge, &ns, "eth0", &ip.to_string())?;
+        ns.ip(&["route", "add", "default", "via", &gateway.to_string()])?;
+        Ok(Self::in_ns(ns, index, ip))
+    }
+
+    /// A node in an existing namespace.
+    pub fn in_ns(ns: Netns, index: u8, ip: Ipv4Addr) -> Self {
+        let ipam_dir = std::env::temp_dir().join(crate::unique("weft-ipam-"));
+        Self {
             ns,
             index,
             ip,
             pods: Vec::new(),
-        })
+            cni: None,
+            ipam_dir,
+        }
     }
 
     pub fn mac(&self) -> String {
         mac(&self.ns, "eth0").expect("eth0 has a MAC")
     }
 
-    /// The pod subnet a test gives this node when no lease decides it.
-    pub fn default_subnet(&self) -> String {
-        format!("10.244.{}.0/24", self.index)
+    /// Attaches pods of `subnet` from now on, with the network flannel's CNI
+    /// plugin would set up from subnet.env (network 10.244.0.0/16).
+    pub fn use_subnet(&mut self, subnet: Ipv4Net, mtu: u32) {
+        self.cni = Some(crate::cni::flannel_like(
+            subnet,
+            "10.244.0.0/16".parse().expect("valid"),
+            mtu,
+            &self.ipam_dir,
+        ));
     }
 
-    /// Creates cni0 with `gateway/len` (e.g. 10.244.3.1/24) and MTU `mtu`,
-    /// as the flannel CNI plugin (bridge, isGateway) does.
-    pub fn cni0(&self, gateway: Ipv4Addr, len: u8, mtu: u32) -> Result<()> {
-        self.ns.ip(&["link", "add", "cni0", "type", "bridge"])?;
-        self.ns
-            .ip(&["link", "set", "cni0", "mtu", &mtu.to_string()])?;
-        self.ns
-            .ip(&["addr", "add", &format!("{gateway}/{len}"), "dev", "cni0"])?;
-        self.ns.ip(&["link", "set", "cni0", "up"])?;
-        Ok(())
+    /// Like [`Node::use_subnet`], with Weft's CNI plugin chained after
+    /// (registering endpoints in `state_dir` for host routing).
+    pub fn use_subnet_weft(&mut self, subnet: Ipv4Net, mtu: u32, state_dir: &std::path::Path) {
+        self.use_subnet(subnet, mtu);
+        if let Some(c) = self.cni.as_mut() {
+            crate::cni::chain_weft(c, state_dir);
+        }
     }
 
-    /// Adds a pod with `ip/len` behind cni0, default route via `gateway`.
-    pub fn add_pod(&mut self, ip: Ipv4Addr, len: u8, gateway: Ipv4Addr, mtu: u32) -> Result<()> {
+    /// Attaches a pod through the node's CNI network, as a runtime does.
+    pub fn add_pod(&mut self) -> Result<&Pod> {
+        self.add_pod_with("")
+    }
+
+    /// Attaches a pod with extra CNI_ARGS (`IP=...` asks host-local for an
+    /// address).
+    pub fn add_pod_with(&mut self, cni_args: &str) -> Result<&Pod> {
+        let cni = self
+            .cni
+            .as_ref()
+            .context("no CNI network on this node yet (use_subnet)")?;
         let ns = Netns::new("wp")?;
-        let host_if = format!("veth{}", self.pods.len());
-        veth(&ns, "eth0", &self.ns, &host_if)?;
-        self.ns.ip(&["link", "set", &host_if, "master", "cni0"])?;
-        self.ns
-            .ip(&["link", "set", &host_if, "mtu", &mtu.to_string()])?;
-        ns.ip(&["link", "set", "eth0", "mtu", &mtu.to_string()])?;
-        ns.ip(&["addr", "add", &format!("{ip}/{len}"), "dev", "eth0"])?;
-        ns.ip(&["route", "add", "default", "via", &gateway.to_string()])?;
-        self.pods.push(Pod { ns, ip });
-        Ok(())
+        let container_id = crate::cni::container_id(ns.name());
+        let a = cni.add_with(&self.ns, &container_id, &ns, "eth0", cni_args)?;
+        self.pods.push(Pod {
+            ns,
+            ip: a.ip,
+            host_if: a.host_if,
+            container_id,
+            result: a.result,
+        });
+        Ok(self.pods.last().expect("just added"))
     }
 
-    /// cni0 and `n` pods for `subnet` (x.y.z.0/len): gateway .1, pods .10, .11, ...
-    pub fn pods_for(&mut self, subnet: Ipv4Addr, len: u8, n: usize, mtu: u32) -> Result<()> {
-        let o = subnet.octets();
-        let gw = Ipv4Addr::new(o[0], o[1], o[2], o[3] + 1);
-        self.cni0(gw, len, mtu)?;
-        for i in 0..n {
-            self.add_pod(
-                Ipv4Addr::new(o[0], o[1], o[2], o[3] + 10 + i as u8),
-                len,
-                gw,
-                mtu,
-            )?;
+    /// Deletes pod `i` as a runtime does (CNI DEL, then the namespace).
+    pub fn del_pod(&mut self, i: usize) -> Result<Pod> {
+        let pod = self.pods.remove(i);
+        let cni = self.cni.as_ref().context("no CNI network")?;
+        cni.del(
+            &self.ns,
+            &pod.container_id,
+            Some(&pod.ns),
+            "eth0",
+            Some(&pod.result),
+        )?;
+        Ok(pod)
+    }
+
+    /// `n` pods on `subnet`, attached by CNI (bridge cni0 with the gateway
+    /// at the first address, host-local addresses from the second on).
+    pub fn pods_for(&mut self, subnet: Ipv4Net, n: usize, mtu: u32) -> Result<()> {
+        self.use_subnet(subnet, mtu);
+        for _ in 0..n {
+            self.add_pod()?;
         }
         Ok(())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Pods first (their namespaces take the veths with them), then
+        // host-local's records.
+        self.pods.clear();
+        let _ = std::fs::remove_dir_all(&self.ipam_dir);
     }
 }
 
@@ -177,7 +257,7 @@ pub fn flannel_device(node: &Node, subnet: crate::overlay::Subnet) -> Result<wef
     ns.ip(&[
         "addr",
         "add",
-        &format!("{}/32", subnet.addr()),
+        &format!("{}/32", subnet.network()),
         "dev",
         "flannel.1",
     ])?;
@@ -194,7 +274,7 @@ pub fn flannel_peer(
     vtep_mac: weft::mac::MacAddr,
 ) -> Result<()> {
     let ns = &node.ns;
-    let (m, gw) = (vtep_mac.to_string(), subnet.addr().to_string());
+    let (m, gw) = (vtep_mac.to_string(), subnet.network().to_string());
     ns.ip(&[
         "neigh",
         "replace",

@@ -7,10 +7,13 @@
 pub mod agent;
 pub mod bench;
 pub mod cluster;
+pub mod cni;
 pub mod etcd;
+pub mod etcd_cluster;
 pub mod netns;
 pub mod overlay;
 pub mod pins;
+pub mod podman;
 pub mod proc;
 pub mod traffic;
 pub mod weft_cluster;
@@ -32,4 +35,15 @@ pub fn require_root() {
         euid, 0,
         "these tests create network namespaces and attach eBPF programs: run them as root (`cargo xtask test`)"
     );
+}
+
+/// The host routing the tests run with: `$WEFT_TEST_HOST_ROUTING`
+/// (`cargo xtask test` runs the datapath and agent tests with `auto`, the
+/// default, and again with `legacy`).
+pub fn host_routing() -> &'static str {
+    match std::env::var("WEFT_TEST_HOST_ROUTING").as_deref() {
+        Ok("legacy") => "legacy",
+        Ok("bpf") => "bpf",
+        _ => "auto",
+    }
 }

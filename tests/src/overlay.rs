@@ -4,17 +4,13 @@
 use std::net::Ipv4Addr;
 
 use anyhow::Result;
+use ipnet::Ipv4Net;
 use weft::{
-    dataplane::{
-        bpffs::PinDir,
-        overlay::{DecapMode, Overlay, OverlaySpec},
-    },
-    lease::subnet::Ipv4Net,
+    dataplane::{DataplaneSpec, Overlay, Peer, XdpMode},
     mac::MacAddr,
-    peers::Peer,
 };
 
-use crate::cluster::Node;
+use crate::{cluster::Node, pins::TestPins};
 
 pub type Subnet = Ipv4Net;
 
@@ -23,51 +19,66 @@ pub fn vtep_mac(i: u8) -> MacAddr {
     MacAddr([0x02, 0xee, 0, 0, 0, i])
 }
 
-pub fn spec(node: &Node, subnet: Ipv4Net, pins: &PinDir, decap: DecapMode) -> OverlaySpec {
-    OverlaySpec {
-        uplink: "eth0".into(),
-        public_ip: node.ip,
-        vni: 1,
-        port: 8472,
-        vtep_mac: vtep_mac(node.index),
+/// A node's dataplane, and the subnet it serves.
+pub struct Setup {
+    pub spec: DataplaneSpec,
+    pub subnet: Ipv4Net,
+}
+
+pub fn spec(node: &Node, subnet: Ipv4Net, pins: &TestPins, mode: XdpMode) -> Setup {
+    Setup {
+        spec: DataplaneSpec {
+            uplink: "eth0".into(),
+            public_ip: node.ip,
+            vni: 1,
+            port: 8472,
+            vtep_mac: vtep_mac(node.index),
+            xdp_mode: mode,
+            pins: pins.pins().clone(),
+            trace_drops: false,
+            max_peers: dataplane_common::MAX_PEERS,
+            host_routing: match crate::host_routing() {
+                "legacy" => weft::dataplane::HostRouting::Legacy,
+                "bpf" => weft::dataplane::HostRouting::Bpf,
+                _ => weft::dataplane::HostRouting::Auto,
+            },
+            state_dir: pins.state_dir(),
+            network: "10.244.0.0/16".parse().expect("a network"),
+            masquerade: None,
+            forward_rules: true,
+            underlay_mtu: None,
+            direct_routing: false,
+        },
         subnet,
-        decap,
-        pins: pins.clone(),
     }
 }
 
 /// Sets up the overlay on `node` and installs `peers`; returns what the
 /// setup reported (attachments), then lets go: the pinned programs and maps
 /// keep working with no process holding them.
-pub fn install(node: &Node, spec: OverlaySpec, peers: Vec<Peer>) -> Result<Vec<String>> {
-    node.ns.run(move || -> Result<Vec<String>> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        rt.block_on(async move {
-            let mut o = Overlay::setup(spec).await?;
-            for p in peers {
-                o.upsert(p).await?;
-            }
-            Ok(o.attachments()
-                .iter()
-                .map(|a| {
-                    format!(
-                        "{}:{}:{}",
-                        a.program,
-                        a.hook.name(),
-                        a.xdp_mode.map(|m| m.as_str()).unwrap_or("-")
-                    )
-                })
-                .collect())
-        })
-    })?
+pub fn install(node: &Node, setup: Setup, peers: Vec<Peer>) -> Result<Vec<String>> {
+    with_overlay(node, setup, async move |o| {
+        for p in peers {
+            o.upsert(p).await?;
+        }
+        Ok(o.attachments()
+            .iter()
+            .map(|a| {
+                format!(
+                    "{}:{}:{}",
+                    a.program,
+                    a.hook.name(),
+                    a.xdp_mode.map_or("-", |m| m.as_str())
+                )
+            })
+            .collect())
+    })
 }
 
 /// Runs `f` with the node's overlay (set up again, adopting what is pinned).
 pub fn with_overlay<T: Send + 'static>(
     node: &Node,
-    spec: OverlaySpec,
+    setup: Setup,
     f: impl AsyncFnOnce(&mut Overlay) -> Result<T> + Send + 'static,
 ) -> Result<T> {
     node.ns.run(move || -> Result<T> {
@@ -75,7 +86,7 @@ pub fn with_overlay<T: Send + 'static>(
             .enable_all()
             .build()?;
         rt.block_on(async move {
-            let mut o = Overlay::setup(spec).await?;
+            let mut o = Overlay::setup(&setup.spec, setup.subnet).await?;
             f(&mut o).await
         })
     })?

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use weft::dataplane::bpffs::PinDir;
+use weft::dataplane::PinDir;
 
 pub struct TestPins {
     dir: PathBuf,
@@ -37,6 +37,12 @@ impl TestPins {
     pub fn path(&self) -> &Path {
         &self.dir
     }
+
+    /// A state directory to go with these pins (a plain directory beside
+    /// them: bpffs holds only pins).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.with_extension("state")
+    }
 }
 
 impl Default for TestPins {
@@ -50,5 +56,6 @@ impl Drop for TestPins {
         // Unmounting drops every pin in it: links detach, maps go away.
         crate::proc::run_quiet("umount", &[self.dir.to_str().unwrap_or_default()]);
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(self.state_dir());
     }
 }

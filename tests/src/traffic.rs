@@ -101,6 +101,9 @@ pub fn udp_transfer(
         let s = UdpSocket::bind((server, port)).expect("bind");
         s.set_read_timeout(Some(Duration::from_millis(1500)))
             .unwrap();
+        // Room for every datagram of the burst: what is measured is the
+        // datapath, not how fast this thread drains its socket.
+        force_rcvbuf(&s, 16 << 20);
         ready_tx.send(()).unwrap();
         let mut buf = vec![0u8; 65536];
         let mut ok = 0;
@@ -117,12 +120,182 @@ pub fn udp_transfer(
         let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
         for i in 0..count {
             s.send_to(&vec![i as u8; size], (server, port)).unwrap();
-            if i % 50 == 49 {
-                std::thread::sleep(Duration::from_millis(2));
+            if i % 10 == 9 {
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
     })
     .join()
     .unwrap();
     srv.join().unwrap()
+}
+
+/// Sets a socket's receive buffer past net.core.rmem_max (SO_RCVBUFFORCE;
+/// the tests run as root).
+fn force_rcvbuf(s: &UdpSocket, bytes: libc::c_int) {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: setsockopt with a valid int option on an open socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            &bytes as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
+}
+
+/// Receives one datagram with the TOS byte of its IPv4 header (IP_RECVTOS),
+/// or None once the socket's read timeout passes.
+pub fn recv_with_tos(s: &UdpSocket) -> Option<(Vec<u8>, u8)> {
+    use std::os::fd::AsRawFd as _;
+    let fd = s.as_raw_fd();
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt with a valid int option on an open socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_RECVTOS,
+            &on as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "IP_RECVTOS");
+    let mut buf = vec![0u8; 2048];
+    let mut cmsg = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&cmsg);
+    // SAFETY: msg points at a valid buffer and control area that outlive the call.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return None;
+    }
+    buf.truncate(n as usize);
+    let mut tos = None;
+    // SAFETY: walking the control messages the kernel wrote into cmsg,
+    // with the libc macros that bound them by msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_TOS {
+                tos = Some(*libc::CMSG_DATA(c));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Some((buf, tos.unwrap_or(0)))
+}
+
+/// Starts `ping` from `from` to `to`: `count` echo requests 10 ms apart,
+/// each given 1 s for its reply; read the outcome with [`ping_outcome`].
+pub fn ping_run(from: &Netns, to: Ipv4Addr, count: u32) -> std::process::Child {
+    from.command("ping")
+        .args([
+            "-i",
+            "0.01",
+            "-c",
+            &count.to_string(),
+            "-W",
+            "1",
+            "-q",
+            &to.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ping starts")
+}
+
+/// (transmitted, received) of a finished [`ping_run`].
+pub fn ping_outcome(child: std::process::Child) -> (u32, u32) {
+    let out = child.wait_with_output().expect("ping finishes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .unwrap_or_default();
+    let n: Vec<u32> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    (
+        n.first().copied().unwrap_or(0),
+        n.get(1).copied().unwrap_or(0),
+    )
+}
+
+/// Sends one UDP datagram from `sender` (a namespace) to `to:port`, where a
+/// receiver in `receiver` answers it; returns the source address the
+/// receiver saw, once the answer made it back (None if it did not).
+pub fn udp_seen_source(
+    receiver: &Netns,
+    to: Ipv4Addr,
+    port: u16,
+    sender: &Netns,
+) -> Option<Ipv4Addr> {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let srv = receiver.spawn_thread(move || {
+        let s = UdpSocket::bind((to, port)).expect("bind");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut buf = [0u8; 64];
+        let (_, from) = s.recv_from(&mut buf).ok()?;
+        s.send_to(b"pong", from).ok()?;
+        match from {
+            SocketAddr::V4(a) => Some(*a.ip()),
+            SocketAddr::V6(_) => None,
+        }
+    });
+    ready_rx.recv_timeout(Duration::from_secs(5)).ok()?;
+    let answered = sender
+        .run(move || {
+            let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("bind");
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            s.send_to(b"ping", (to, port)).ok()?;
+            let mut buf = [0u8; 16];
+            s.recv_from(&mut buf).ok().map(|_| ())
+        })
+        .ok()
+        .flatten();
+    let seen = srv.join().ok().flatten();
+    answered.and(seen)
+}
+
+/// Counts the packets matching the pcap `filter` on `iface` of `ns` while
+/// `during` runs (tcpdump, stopped with SIGINT afterwards).
+pub fn capture_count(ns: &Netns, iface: &str, filter: &str, during: impl FnOnce()) -> u64 {
+    let child = ns
+        .command("tcpdump")
+        .args(["-ni", iface, "--immediate-mode", "-w", "/dev/null", filter])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("tcpdump starts");
+    // tcpdump says nothing until it is stopped when writing a file: give it
+    // time to open its socket.
+    std::thread::sleep(Duration::from_millis(1000));
+    during();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain kill(2) on the pid of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("tcpdump stops");
+    let err = String::from_utf8_lossy(&out.stderr);
+    err.lines()
+        .find_map(|l| {
+            l.strip_suffix(" packets captured")
+                .or_else(|| l.strip_suffix(" packet captured"))
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no packet count from tcpdump: {err}"))
 }

@@ -7,7 +7,8 @@
 use std::{net::Ipv4Addr, time::Duration};
 
 use anyhow::{Context as _, Result};
-use weft::{dataplane::maps::PeerMaps, lease::subnet::Ipv4Net};
+use ipnet::Ipv4Net;
+use weft::dataplane::PeerMaps;
 
 use crate::{agent::Agent, cluster::Node, cluster::Underlay, etcd::Etcd, pins::TestPins};
 
@@ -24,10 +25,20 @@ pub struct WeftNode {
     pub acquired_at: std::time::Instant,
 }
 
+/// An agent started on a node, not yet part of the cluster.
+pub struct Started {
+    pub node: Node,
+    pub agent: Agent,
+    pub pins: TestPins,
+}
+
 pub struct WeftCluster {
     pub nodes: Vec<WeftNode>,
     pub etcd: Etcd,
     pub underlay: Underlay,
+    /// How agents reach etcd (default: the one member in the underlay
+    /// namespace); a test with its own etcd cluster replaces it.
+    pub etcd_args: Vec<String>,
 }
 
 impl WeftCluster {
@@ -45,6 +56,7 @@ impl WeftCluster {
             nodes: Vec::new(),
             etcd,
             underlay,
+            etcd_args: vec!["--etcd-endpoints".into(), format!("http://{ETCD_IP}:2379")],
         };
         for i in 1..=n {
             c.add_node(i, extra)?;
@@ -52,46 +64,75 @@ impl WeftCluster {
         Ok(c)
     }
 
-    /// Starts node `i`'s agent, waits for its subnet, then adds two pods.
+    /// Starts node `i`'s agent, waits for its subnet, then adds two pods
+    /// (attached by bridge + host-local, with Weft's plugin chained).
     pub fn add_node(&mut self, i: u8, extra: &[&str]) -> Result<&WeftNode> {
         self.start_node(i, extra)?;
         let n = self.nodes.last_mut().expect("just added");
-        n.node
-            .pods_for(n.subnet.addr(), n.subnet.prefix_len(), 2, 1450)?;
+        n.use_cni();
+        for _ in 0..2 {
+            n.node.add_pod()?;
+        }
         Ok(n)
     }
 
     /// Starts node `i`'s agent and waits for its subnet; no pods yet.
     pub fn start_node(&mut self, i: u8, extra: &[&str]) -> Result<&mut WeftNode> {
         let node = Node::new(&self.underlay, i)?;
-        let pins = TestPins::new();
-        let mut args: Vec<String> = [
-            "--etcd-endpoints",
-            &format!("http://{ETCD_IP}:2379"),
-            "--iface",
-            "eth0",
-            "--node-id",
-            &format!("node-{i}"),
-            "--bpffs-dir",
-            pins.path().to_str().unwrap(),
-            "--healthz-port",
-            "9090",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        self.start_node_on(node, extra)
+    }
+
+    /// Starts an agent on `node` (set up by the caller) and waits for its
+    /// subnet.
+    pub fn start_node_on(&mut self, node: Node, extra: &[&str]) -> Result<&mut WeftNode> {
+        let s = self.start_agent(node, TestPins::new(), extra)?;
+        self.adopt(s)
+    }
+
+    /// Starts an agent on `node` with `pins`, without waiting for anything.
+    pub fn start_agent(&self, node: Node, pins: TestPins, extra: &[&str]) -> Result<Started> {
+        let i = node.index;
+        let mut args: Vec<String> = self.etcd_args.clone();
+        args.extend(
+            [
+                "--node-id",
+                &format!("node-{i}"),
+                "--bpffs-dir",
+                pins.path().to_str().unwrap(),
+                "--healthz-port",
+                "9090",
+                "--cni-ipam-dir",
+                node.ipam_dir.to_str().unwrap(),
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
+        if !extra.contains(&"--iface") {
+            args.extend(["--iface".to_string(), "eth0".to_string()]);
+        }
+        if !extra.contains(&"--host-routing") {
+            args.extend([
+                "--host-routing".to_string(),
+                crate::host_routing().to_string(),
+            ]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let agent = Agent::start(&format!("node{i}"), Some(&node.ns), &args)?;
-        let line = agent.wait_subnet(Duration::from_secs(30))?;
+        Ok(Started { node, agent, pins })
+    }
+
+    /// Waits for a started agent's subnet and adds its node to the cluster.
+    pub fn adopt(&mut self, s: Started) -> Result<&mut WeftNode> {
+        let line = s.agent.wait_subnet(Duration::from_secs(30))?;
         let acquired_at = std::time::Instant::now();
         let (ip, len) = line.split_once('/').context("FLANNEL_SUBNET")?;
         let ip: Ipv4Addr = ip.parse()?;
         let len: u8 = len.parse()?;
-        let subnet = Ipv4Net::containing(ip, len);
+        let subnet = Ipv4Net::new(ip, len)?.trunc();
         self.nodes.push(WeftNode {
-            node,
-            agent,
-            pins,
+            node: s.node,
+            agent: s.agent,
+            pins: s.pins,
             subnet,
             acquired_at,
         });
@@ -122,6 +163,13 @@ impl WeftCluster {
 }
 
 impl WeftNode {
+    /// Attaches pods of this node's subnet from now on the way the README
+    /// sets it up: flannel's bridge + host-local, Weft's plugin chained.
+    pub fn use_cni(&mut self) {
+        let state = self.agent.state_dir();
+        self.node.use_subnet_weft(self.subnet, 1450, &state);
+    }
+
     /// The subnets in this agent's pinned peer map.
     pub fn peer_subnets(&self) -> Vec<Ipv4Net> {
         PeerMaps::open(self.pins.pins())
@@ -130,14 +178,41 @@ impl WeftNode {
             .unwrap_or_default()
     }
 
+    /// The agent's metrics (`/metrics`), by series (`name{labels}`).
+    pub fn metrics(&self) -> std::collections::HashMap<String, f64> {
+        let (_, body) = http_get(&self.node.ns, self.node.ip, 9090, "/metrics")
+            .expect("the agent serves /metrics");
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once(' ')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// One series of [`WeftNode::metrics`] (0 when absent).
+    pub fn metric(&self, series: &str) -> f64 {
+        self.metrics().get(series).copied().unwrap_or(0.0)
+    }
+
     /// Runs `weft ARGS` inside this node's namespace, pointed at this node's
     /// pins, subnet file and the cluster's etcd where the command takes them.
     pub fn weft(&self, args: &[&str]) -> Result<String> {
         let pins = self.pins.path().to_str().unwrap().to_string();
         let subnet_file = self.agent.subnet_file().to_str().unwrap().to_string();
         let etcd = format!("http://{ETCD_IP}:2379");
+        let state = self.agent.state_dir().to_str().unwrap().to_string();
         let mut full: Vec<&str> = args.to_vec();
-        full.extend(["--bpffs-dir", &pins]);
+        if matches!(
+            args.first(),
+            Some(&"status") | Some(&"teardown") | Some(&"counters")
+        ) {
+            full.extend(["--bpffs-dir", &pins]);
+        }
+        if matches!(args.first(), Some(&"status") | Some(&"teardown")) {
+            full.extend(["--state-dir", &state]);
+        }
         if args.first() == Some(&"status") {
             full.extend(["--subnet-file", &subnet_file, "--etcd-endpoints", &etcd]);
         }
@@ -146,8 +221,15 @@ impl WeftNode {
             .exec(crate::agent::weft_bin().to_str().unwrap(), &full)
     }
 
+    /// The MAC of this node's overlay device (its VtepMAC).
+    pub fn vtep_mac(&self) -> weft::mac::MacAddr {
+        let out = self.node.ns.ip(&["-j", "link", "show", "weft.1"]).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v[0]["address"].as_str().unwrap().parse().unwrap()
+    }
+
     pub fn lease_key(&self) -> String {
-        format!("{PREFIX}/subnets/{}", self.subnet.to_key())
+        format!("{PREFIX}/subnets/{}", weft::lease::to_key(&self.subnet))
     }
 }
 

@@ -5,10 +5,7 @@
 use std::{net::UdpSocket, time::Duration};
 
 use dataplane_common::{Reason, program_names};
-use weft::dataplane::{
-    loader::{Hook, Loaded, XdpModeName},
-    maps::Counters,
-};
+use weft::dataplane::{Counters, Hook, LoadOptions, Loaded, XdpMode};
 use weft_tests::{
     netns::{Netns, mac, veth},
     pins::TestPins,
@@ -104,20 +101,20 @@ fn xdp_and_tc_programs_count_what_was_sent() {
     let p = pins.pins().clone();
     let attached = node
         .run(move || -> anyhow::Result<_> {
-            let mut loaded = Loaded::load(&p)?;
+            let mut loaded = Loaded::load(&p, &LoadOptions::default())?;
             let xdp = loaded.attach_xdp(
                 program_names::DECAP_XDP,
                 "eth0",
-                &[XdpModeName::Native, XdpModeName::Generic],
+                &[XdpMode::Native, XdpMode::Generic],
             )?;
             let tc = loaded.attach_tc(program_names::ENCAP, "eth0", Hook::TcEgress)?;
             // A configured dataplane with an empty peer table.
-            let mut maps = weft::dataplane::maps::PeerMaps::open(&p)?;
+            let mut maps = weft::dataplane::PeerMaps::open(&p)?;
             maps.set_config(&dataplane_common::DataplaneConfig {
                 vni: 1,
                 port: 8472,
                 local_addr_be: u32::from_ne_bytes(NODE_IP.parse::<std::net::Ipv4Addr>()?.octets()),
-                uplink_ifindex: weft::dataplane::loader::ifindex("eth0")?,
+                uplink_ifindex: weft::dataplane::ifindex("eth0")?,
                 uplink_mtu: 1500,
                 flags: dataplane_common::CONFIG_F_READY,
                 ..Default::default()
@@ -130,7 +127,7 @@ fn xdp_and_tc_programs_count_what_was_sent() {
     println!("attached: {attached:?}");
     assert_eq!(
         attached.0.xdp_mode,
-        Some(XdpModeName::Native),
+        Some(XdpMode::Native),
         "veth supports native XDP"
     );
     assert!(!attached.0.adopted && !attached.1.adopted);
@@ -173,9 +170,8 @@ fn xdp_and_tc_programs_count_what_was_sent() {
     let p = pins.pins().clone();
     let again = node
         .run(move || -> anyhow::Result<_> {
-            let mut loaded = Loaded::load(&p)?;
-            let xdp =
-                loaded.attach_xdp(program_names::DECAP_XDP, "eth0", &[XdpModeName::Native])?;
+            let mut loaded = Loaded::load(&p, &LoadOptions::default())?;
+            let xdp = loaded.attach_xdp(program_names::DECAP_XDP, "eth0", &[XdpMode::Native])?;
             let tc = loaded.attach_tc(program_names::ENCAP, "eth0", Hook::TcEgress)?;
             Ok((xdp.adopted, tc.adopted))
         })
@@ -190,8 +186,8 @@ fn xdp_and_tc_programs_count_what_was_sent() {
     // Detaching removes the programs: traffic flows and is no longer counted.
     let p = pins.pins().clone();
     node.run(move || {
-        assert!(weft::dataplane::loader::detach(&p, Hook::Xdp, "eth0").unwrap());
-        assert!(weft::dataplane::loader::detach(&p, Hook::TcEgress, "eth0").unwrap());
+        assert!(weft::dataplane::detach(&p, Hook::Xdp, "eth0").unwrap());
+        assert!(weft::dataplane::detach(&p, Hook::TcEgress, "eth0").unwrap());
     })
     .unwrap();
     let rx = receiver(&peer, PEER_IP, 9996);
@@ -205,9 +201,9 @@ fn xdp_and_tc_programs_count_what_was_sent() {
 fn the_pin_directory_gets_a_bpffs_when_it_has_none() {
     require_root();
     let t = TestPins::unmounted();
-    assert!(!weft::dataplane::bpffs::is_bpffs(t.path()).unwrap());
+    assert!(!weft::dataplane::is_bpffs(t.path()).unwrap());
     t.pins().ensure().unwrap();
-    assert!(weft::dataplane::bpffs::is_bpffs(t.path()).unwrap());
+    assert!(weft::dataplane::is_bpffs(t.path()).unwrap());
     assert!(t.pins().maps().is_dir() && t.pins().links().is_dir());
     // Idempotent.
     t.pins().ensure().unwrap();

@@ -3,10 +3,10 @@
 //! with static peers.
 
 use dataplane_common::Reason;
-use weft::dataplane::{maps::Counters, overlay::DecapMode};
+use weft::dataplane::{Counters, XdpMode};
 use weft_tests::{
     cluster::{Node, Underlay, flannel_device, flannel_peer, ping},
-    overlay::{install, peer, pod_ip, spec, subnet_of},
+    overlay::{install, peer, spec, subnet_of},
     pins::TestPins,
     require_root,
     traffic::{tcp_transfer, udp_transfer},
@@ -18,13 +18,13 @@ struct Cluster {
     _underlay: Underlay,
 }
 
-fn cluster(n: u8, decap: DecapMode) -> Cluster {
+fn cluster(n: u8, decap: XdpMode) -> Cluster {
     require_root();
     let underlay = Underlay::new().unwrap();
     let mut nodes: Vec<Node> = (1..=n).map(|i| Node::new(&underlay, i).unwrap()).collect();
     for node in nodes.iter_mut() {
         let s = subnet_of(node.index);
-        node.pods_for(s.addr(), 24, 2, 1450).unwrap();
+        node.pods_for(s, 2, 1450).unwrap();
     }
     let pins: Vec<TestPins> = nodes.iter().map(|_| TestPins::new()).collect();
     for (i, node) in nodes.iter().enumerate() {
@@ -35,7 +35,7 @@ fn cluster(n: u8, decap: DecapMode) -> Cluster {
             .collect();
         let att = install(
             node,
-            spec(node, subnet_of(node.index), pins[i].pins(), decap),
+            spec(node, subnet_of(node.index), &pins[i], decap),
             peers,
         )
         .unwrap();
@@ -50,7 +50,7 @@ fn cluster(n: u8, decap: DecapMode) -> Cluster {
 
 #[test]
 fn every_pod_reaches_every_other_pod_and_nodes_reach_remote_pods() {
-    let c = cluster(3, DecapMode::XdpAuto);
+    let c = cluster(3, XdpMode::Auto);
     let all: Vec<_> = c
         .nodes
         .iter()
@@ -66,8 +66,8 @@ fn every_pod_reaches_every_other_pod_and_nodes_reach_remote_pods() {
         }
     }
     // A node reaches a remote pod (host-originated traffic is encapsulated too).
-    assert!(ping(&c.nodes[0].ns, pod_ip(2, 0), 2));
-    assert!(ping(&c.nodes[2].ns, pod_ip(1, 1), 2));
+    assert!(ping(&c.nodes[0].ns, c.nodes[1].pods[0].ip, 2));
+    assert!(ping(&c.nodes[2].ns, c.nodes[0].pods[1].ip, 2));
     let counters = Counters::open(c.pins[0].pins()).unwrap();
     assert!(counters.get(Reason::Encapsulated).unwrap().packets > 0);
     assert!(counters.get(Reason::Decapsulated).unwrap().packets > 0);
@@ -75,7 +75,7 @@ fn every_pod_reaches_every_other_pod_and_nodes_reach_remote_pods() {
 
 #[test]
 fn a_100_mb_tcp_stream_arrives_intact_and_udp_arrives() {
-    let c = cluster(2, DecapMode::XdpAuto);
+    let c = cluster(2, XdpMode::Auto);
     let (a, b) = (&c.nodes[0].pods[0], &c.nodes[1].pods[1]);
     let t = std::time::Instant::now();
     let (n, intact) = tcp_transfer(&b.ns, b.ip, 5201, &a.ns, 100 << 20);
@@ -92,9 +92,9 @@ fn a_100_mb_tcp_stream_arrives_intact_and_udp_arrives() {
 
 #[test]
 fn tc_decapsulation_fallback_carries_traffic_too() {
-    let c = cluster(2, DecapMode::Tc);
-    assert!(ping(&c.nodes[0].pods[0].ns, pod_ip(2, 1), 3));
-    assert!(ping(&c.nodes[1].ns, pod_ip(1, 0), 2));
+    let c = cluster(2, XdpMode::Off);
+    assert!(ping(&c.nodes[0].pods[0].ns, c.nodes[1].pods[1].ip, 3));
+    assert!(ping(&c.nodes[1].ns, c.nodes[0].pods[0].ip, 2));
     let (a, b) = (&c.nodes[0].pods[0], &c.nodes[1].pods[0]);
     let (n, intact) = tcp_transfer(&b.ns, b.ip, 5201, &a.ns, 20 << 20);
     assert!(n == 20 << 20 && intact);
@@ -130,14 +130,14 @@ fn wire_format_is_rfc_7348_as_linux_sends_it() {
     let underlay = Underlay::new().unwrap();
     let mut nodes: Vec<Node> = (1..=2).map(|i| Node::new(&underlay, i).unwrap()).collect();
     for n in nodes.iter_mut() {
-        n.pods_for(subnet_of(n.index).addr(), 24, 1, 1450).unwrap();
+        n.pods_for(subnet_of(n.index), 1, 1450).unwrap();
     }
     let pins: Vec<TestPins> = nodes.iter().map(|_| TestPins::new()).collect();
     const VNI: u32 = 4242;
     for (i, n) in nodes.iter().enumerate() {
         let other = &nodes[1 - i];
-        let mut s = spec(n, subnet_of(n.index), pins[i].pins(), DecapMode::XdpAuto);
-        s.vni = VNI;
+        let mut s = spec(n, subnet_of(n.index), &pins[i], XdpMode::Auto);
+        s.spec.vni = VNI;
         install(n, s, vec![peer(other, subnet_of(other.index))]).unwrap();
     }
     let pcap = std::env::temp_dir()
@@ -242,13 +242,13 @@ fn hex(b: &[u8]) -> String {
 /// frame that would still exceed the uplink is dropped and counted.
 #[test]
 fn oversized_packets_get_icmp_or_a_counted_drop() {
-    let c = cluster(2, DecapMode::XdpAuto);
+    let c = cluster(2, XdpMode::Auto);
     let pod = &c.nodes[0].pods[0];
     // A pod whose MTU is wrong (1500): DF pings of 1488 bytes.
     pod.ns.ip(&["link", "set", "eth0", "mtu", "1500"]).unwrap();
     c.nodes[0]
         .ns
-        .ip(&["link", "set", "veth0", "mtu", "1500"])
+        .ip(&["link", "set", &pod.host_if, "mtu", "1500"])
         .unwrap();
     let out = pod
         .ns
@@ -262,7 +262,7 @@ fn oversized_packets_get_icmp_or_a_counted_drop() {
             "do",
             "-s",
             "1460",
-            &pod_ip(2, 0).to_string(),
+            &c.nodes[1].pods[0].ip.to_string(),
         ])
         .output()
         .unwrap();
@@ -284,7 +284,7 @@ fn oversized_packets_get_icmp_or_a_counted_drop() {
                     "2",
                     "-s",
                     "1460",
-                    &pod_ip(2, 0).to_string()
+                    &c.nodes[1].pods[0].ip.to_string()
                 ]
             )
             .is_ok()
@@ -299,7 +299,7 @@ fn oversized_packets_get_icmp_or_a_counted_drop() {
         .ip(&["link", "set", "weft.1", "mtu", "1500"])
         .unwrap();
     // One DF datagram of 1460 + 28 bytes from the node itself.
-    let dst = pod_ip(2, 0);
+    let dst = c.nodes[1].pods[0].ip;
     c.nodes[0]
         .ns
         .run(move || {
@@ -335,10 +335,8 @@ fn interop_with_a_flannel_node_using_the_kernel_vxlan_device() {
     let underlay = Underlay::new().unwrap();
     let mut weft_node = Node::new(&underlay, 1).unwrap();
     let mut flannel = Node::new(&underlay, 2).unwrap();
-    weft_node
-        .pods_for(subnet_of(1).addr(), 24, 1, 1450)
-        .unwrap();
-    flannel.pods_for(subnet_of(2).addr(), 24, 1, 1450).unwrap();
+    weft_node.pods_for(subnet_of(1), 1, 1450).unwrap();
+    flannel.pods_for(subnet_of(2), 1, 1450).unwrap();
     let flannel_mac = flannel_device(&flannel, subnet_of(2)).unwrap();
     flannel_peer(
         &flannel,
@@ -348,14 +346,14 @@ fn interop_with_a_flannel_node_using_the_kernel_vxlan_device() {
     )
     .unwrap();
     let pins = TestPins::new();
-    let flannel_peer = weft::peers::Peer {
+    let flannel_peer = weft::dataplane::Peer {
         subnet: subnet_of(2),
         vtep: flannel.ip,
         mac: flannel_mac,
     };
     install(
         &weft_node,
-        spec(&weft_node, subnet_of(1), pins.pins(), DecapMode::XdpAuto),
+        spec(&weft_node, subnet_of(1), &pins, XdpMode::Auto),
         vec![flannel_peer],
     )
     .unwrap();
@@ -382,7 +380,7 @@ fn interop_with_a_flannel_node_using_the_kernel_vxlan_device() {
 /// pod; a well-formed packet sent the same way does.
 #[test]
 fn hostile_packets_are_dropped_and_counted() {
-    let c = cluster(3, DecapMode::XdpAuto);
+    let c = cluster(3, XdpMode::Auto);
     let attacker = weft_tests::netns::Netns::new("wx").unwrap();
     c._underlay.plug(&attacker, "eth0", "198.18.0.66").unwrap();
     let target = &c.nodes[0];
@@ -404,9 +402,8 @@ fn hostile_packets_are_dropped_and_counted() {
             .unwrap();
         tx.send(()).unwrap();
         let mut got = Vec::new();
-        let mut buf = [0u8; 2048];
-        while let Ok(n) = s.recv(&mut buf) {
-            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        while let Some((payload, tos)) = weft_tests::traffic::recv_with_tos(&s) {
+            got.push((String::from_utf8_lossy(&payload).into_owned(), tos));
         }
         got
     });
@@ -417,11 +414,11 @@ fn hostile_packets_are_dropped_and_counted() {
 from scapy.all import Ether, IP, UDP, Raw, ARP, sendp, conf
 conf.verb = 0
 dst_mac = "{dst_mac}"
-def vx(outer_src, vni, inner_src, payload, flags=0x08, inner=None):
+def vx(outer_src, vni, inner_src, payload, flags=0x08, inner=None, outer_tos=0, inner_tos=0):
     vxlan = bytes([flags, 0, 0, 0]) + vni.to_bytes(3, "big") + b"\x00"
     if inner is None:
-        inner = Ether(dst="{vtep1}", src="{vtep2}")/IP(src=inner_src, dst="{pod}")/UDP(sport=5555, dport=7777)/Raw(payload)
-    return Ether(dst=dst_mac)/IP(src=outer_src, dst="{node}")/UDP(sport=40000, dport=8472)/Raw(vxlan + bytes(inner))
+        inner = Ether(dst="{vtep1}", src="{vtep2}")/IP(src=inner_src, dst="{pod}", tos=inner_tos)/UDP(sport=5555, dport=7777)/Raw(payload)
+    return Ether(dst=dst_mac)/IP(src=outer_src, dst="{node}", tos=outer_tos)/UDP(sport=40000, dport=8472)/Raw(vxlan + bytes(inner))
 pkts = [
     vx("198.18.0.66", 1, "10.244.2.50", b"unknown-vtep"),
     vx("198.18.0.2", 7, "10.244.2.50", b"wrong-vni"),
@@ -430,6 +427,8 @@ pkts = [
     vx("198.18.0.2", 1, "", b"", inner=Ether(dst="{vtep1}", src="{vtep2}")/ARP(psrc="10.244.2.50", pdst="{pod}")),
     vx("198.18.0.2", 1, "10.244.3.50", b"spoofed-inner"),
     vx("198.18.0.2", 1, "10.244.2.50", b"valid"),
+    vx("198.18.0.2", 1, "10.244.2.50", b"not-ect-under-ce", outer_tos=3, inner_tos=0),
+    vx("198.18.0.2", 1, "10.244.2.50", b"ect-under-ce", outer_tos=3, inner_tos=2),
 ]
 sendp(pkts, iface="eth0")
 "#,
@@ -443,8 +442,8 @@ sendp(pkts, iface="eth0")
     let got = listener.join().unwrap();
     assert_eq!(
         got,
-        vec!["valid".to_string()],
-        "only the well-formed packet reached the pod"
+        vec![("valid".to_string(), 0), ("ect-under-ce".to_string(), 3)],
+        "only the well-formed packets reached the pod; the congestion mark went inside (RFC 6040)"
     );
 
     let after: Vec<u64> = counters
@@ -462,7 +461,115 @@ sendp(pkts, iface="eth0")
         "truncated, no VNI flag, non-IP inner"
     );
     assert_eq!(delta(Reason::DropSpoofed), 1);
-    assert_eq!(delta(Reason::Decapsulated), 1);
+    assert_eq!(
+        delta(Reason::DropEcn),
+        1,
+        "CE on a packet that is not ECN-capable"
+    );
+    assert_eq!(delta(Reason::Decapsulated), 2);
     // Still forwarding normally.
     assert!(ping(&c.nodes[1].pods[0].ns, pod.ip, 2));
+}
+
+/// A remote node's own address as the inner source (its host talking to a
+/// pod from that address) is not taken for spoofing.
+#[test]
+fn a_remote_nodes_own_address_reaches_a_pod() {
+    let c = cluster(2, XdpMode::Auto);
+    let counters = Counters::open(c.pins[0].pins()).unwrap();
+    let spoofed = counters.get(Reason::DropSpoofed).unwrap().packets;
+    let pod = c.nodes[0].pods[0].ip.to_string();
+    let out = c.nodes[1]
+        .ns
+        .command("ping")
+        .args(["-c", "3", "-W", "2", "-I", "198.18.0.2", &pod])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(counters.get(Reason::DropSpoofed).unwrap().packets, spoofed);
+}
+
+/// VXLAN packets that arrive as IP fragments (an underlay hop with a
+/// smaller MTU fragments them: the outer header has no DF) are dropped
+/// under their own reason, once per packet, instead of vanishing.
+#[test]
+fn vxlan_fragments_are_counted_under_their_own_reason() {
+    require_root();
+    let router = weft_tests::netns::Netns::new("wr").unwrap();
+    let (n1, n2) = (
+        weft_tests::netns::Netns::new("wn").unwrap(),
+        weft_tests::netns::Netns::new("wn").unwrap(),
+    );
+    weft_tests::netns::veth(&n1, "eth0", &router, "r1").unwrap();
+    weft_tests::netns::veth(&n2, "eth0", &router, "r2").unwrap();
+    router.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    router
+        .ip(&["addr", "add", "198.18.1.254/24", "dev", "r1"])
+        .unwrap();
+    router
+        .ip(&["addr", "add", "198.18.2.254/24", "dev", "r2"])
+        .unwrap();
+    // The hop to node 2 carries at most 1400 bytes.
+    router.ip(&["link", "set", "r2", "mtu", "1400"]).unwrap();
+    n2.ip(&["link", "set", "eth0", "mtu", "1400"]).unwrap();
+    n1.ip(&["addr", "add", "198.18.1.1/24", "dev", "eth0"])
+        .unwrap();
+    n2.ip(&["addr", "add", "198.18.2.1/24", "dev", "eth0"])
+        .unwrap();
+    n1.ip(&["route", "add", "default", "via", "198.18.1.254"])
+        .unwrap();
+    n2.ip(&["route", "add", "default", "via", "198.18.2.254"])
+        .unwrap();
+    let mut nodes = [
+        Node::in_ns(n1, 1, "198.18.1.1".parse().unwrap()),
+        Node::in_ns(n2, 2, "198.18.2.1".parse().unwrap()),
+    ];
+    nodes[0].pods_for(subnet_of(1), 1, 1450).unwrap();
+    nodes[1].pods_for(subnet_of(2), 1, 1350).unwrap();
+    let pins = [TestPins::new(), TestPins::new()];
+    for (a, b) in [(0, 1), (1, 0)] {
+        install(
+            &nodes[a],
+            spec(
+                &nodes[a],
+                subnet_of(nodes[a].index),
+                &pins[a],
+                XdpMode::Auto,
+            ),
+            vec![peer(&nodes[b], subnet_of(nodes[b].index))],
+        )
+        .unwrap();
+    }
+    let (src, dst) = (&nodes[0].pods[0], nodes[1].pods[0].ip);
+    assert!(ping(&src.ns, dst, 2), "small packets cross");
+    let counters = Counters::open(pins[1].pins()).unwrap();
+    let before = counters.get(Reason::DropFragment).unwrap().packets;
+    // 1380 + 28 bytes inside, 1458 outside: more than the 1400-byte hop.
+    let out = src
+        .ns
+        .command("ping")
+        .args([
+            "-c",
+            "3",
+            "-W",
+            "1",
+            "-s",
+            "1380",
+            "-M",
+            "dont",
+            &dst.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "fragmented VXLAN is not delivered");
+    assert_eq!(
+        counters.get(Reason::DropFragment).unwrap().packets - before,
+        3,
+        "one drop per fragmented packet"
+    );
+    assert!(ping(&src.ns, dst, 2), "small packets still cross");
 }

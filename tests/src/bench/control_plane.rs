@@ -16,8 +16,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use etcd_client::{Client, Txn, TxnOp};
+use ipnet::Ipv4Net;
 use serde_json::json;
-use weft::{dataplane::maps::PeerMaps, lease::subnet::Ipv4Net};
+use weft::dataplane::PeerMaps;
 
 use crate::weft_cluster::{ETCD_IP, PREFIX, WeftCluster};
 
@@ -31,8 +32,11 @@ fn lease_json(ip: Ipv4Addr, mac_last: u16) -> String {
     )
 }
 
+/// The k-th /24 of 10.0.0.0/8 (k < 65536); the agents take theirs from the
+/// first 256 free ones, below the bench's (k >= 1000).
 fn subnet(k: u32) -> Ipv4Net {
-    Ipv4Net::containing(Ipv4Addr::from(0x0a80_0000 + (k << 8)), 24)
+    assert!(k < 1 << 16, "10.0.0.0/8 has 65536 /24s");
+    Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 + (k << 8)), 24).expect("valid")
 }
 
 /// Polls until `pred` holds for every map, returns the elapsed time since `t0`.
@@ -56,6 +60,9 @@ fn wait_all(
 pub async fn run(args: &[String]) -> Result<()> {
     let changes: u32 = super::flag(args, "--changes").unwrap_or(100);
     let n_leases: u32 = super::flag(args, "--leases").unwrap_or(5000);
+    if n_leases > 55_000 {
+        bail!("--leases {n_leases}: at most 55000 fit in the bench's network");
+    }
     let c = tokio::task::block_in_place(|| {
         WeftCluster::with_config(3, CONFIG, &["--log-level", "info"])
     })?;
@@ -83,8 +90,8 @@ pub async fn run(args: &[String]) -> Result<()> {
             let limit = Duration::from_secs(5);
             let mut lat = Vec::new();
             for k in 0..changes {
-                let s = subnet(k);
-                let key = format!("{PREFIX}/subnets/{}", s.to_key());
+                let s = subnet(1000 + k);
+                let key = format!("{PREFIX}/subnets/{}", weft::lease::to_key(&s));
                 let ip1 = Ipv4Addr::new(198, 19, (k >> 8) as u8, k as u8);
                 let ip2 = Ipv4Addr::new(198, 20, (k >> 8) as u8, k as u8);
                 // Added.
@@ -118,7 +125,7 @@ pub async fn run(args: &[String]) -> Result<()> {
                         let s = subnet(*k);
                         let ip = Ipv4Addr::from(0xc615_0000u32 + *k);
                         TxnOp::put(
-                            format!("{PREFIX}/subnets/{}", s.to_key()),
+                            format!("{PREFIX}/subnets/{}", weft::lease::to_key(&s)),
                             lease_json(ip, *k as u16),
                             None,
                         )
@@ -139,8 +146,29 @@ pub async fn run(args: &[String]) -> Result<()> {
                 std::thread::sleep(Duration::from_millis(2));
             };
             Ok((lat, wrote, took, want))
-        })??;
-    let (mut lat, wrote, took, want) = result;
+        })?;
+    let (mut lat, wrote, took, want) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // What the agent said (debug lines left out), to see why.
+            let log = c.nodes[0].agent.log();
+            let said: Vec<&str> = log.lines().filter(|l| !l.contains("DEBUG")).collect();
+            eprintln!("--- agent node-1 (last 40 lines of info and above) ---");
+            for l in &said[said.len().saturating_sub(40)..] {
+                eprintln!("{l}");
+            }
+            let m = c.nodes[0].metrics();
+            let mut series: Vec<_> = m
+                .iter()
+                .filter(|(k, _)| k.contains("peer") || k.contains("lease") || k.contains("watch"))
+                .collect();
+            series.sort_by(|a, b| a.0.cmp(b.0));
+            for (k, v) in series {
+                eprintln!("{k} {v}");
+            }
+            return Err(e);
+        }
+    };
     // Let the other agents finish too, then measure memory.
     std::thread::sleep(Duration::from_millis(500));
     let rss_kib = std::fs::read_to_string(format!("/proc/{agent_pid}/status"))?

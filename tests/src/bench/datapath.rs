@@ -1,33 +1,60 @@
 //! `cargo xtask bench datapath [--json FILE] [--rounds N] [--seconds S]
-//! [--configs route,kernel_vxlan,weft,weft_tc]`
+//! [--configs route,kernel_vxlan,weft,weft_legacy,weft_bpf,weft_xdp]`
 //!
 //! One topology, two nodes joined by a veth pair (the underlay), one pod on
-//! each node behind a cni0 bridge; the same traffic through each
-//! configuration, alternating configurations round by round:
+//! each node attached by the CNI plugins (bridge + host-local, as flannel's
+//! plugin sets them up; Weft's plugin chained for the Weft configurations);
+//! the same traffic through each configuration, alternating configurations
+//! round by round:
 //!
 //! - `route`: plain routing between the nodes, no encapsulation (the limit);
 //!   pods at MTU 1500.
 //! - `kernel_vxlan`: the kernel vxlan device configured as flannel does
 //!   (flannel.1, VNI 1, port 8472, neighbour/FDB/route entries); MTU 1450.
-//! - `weft`: Weft's TC encapsulation and XDP decapsulation; MTU 1450.
-//! - `weft_tc` (on request): Weft with decapsulation in TC instead of XDP.
+//! - `weft`: Weft as it runs by default (`--host-routing auto`, the
+//!   decapsulation hook chosen for the uplink); MTU 1450.
+//! - on request: `weft_bpf` (host routing without the conntrack gate),
+//!   `weft_legacy` (no host routing: bridge, routing and the overlay
+//!   device), `weft_xdp` (host routing with XDP decapsulation forced).
 //!
 //! Metrics: `tcp_gbps` (1 stream), `tcp4_gbps` (4 streams), `udp64_pps`
 //! (64-byte UDP payloads received per second), `rr_p50_us`, `rr_p99_us`
-//! (request/response round trip, sockperf ping-pong). Medians over rounds.
+//! (request/response round trip, sockperf ping-pong). Reported: medians
+//! over rounds, the ratio of medians against the baselines, and each
+//! round's ratios.
 
 use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
-use weft::dataplane::overlay::DecapMode;
+use weft::dataplane::{HostRouting, XdpMode};
 
 use crate::{
     cluster::{Node, flannel_device, flannel_peer},
     netns::{Netns, veth},
-    overlay::{install, peer, spec, subnet_of},
+    overlay::{install, peer, spec, subnet_of, with_overlay},
     pins::TestPins,
 };
+
+const CONFIGS: [&str; 6] = [
+    "route",
+    "kernel_vxlan",
+    "weft",
+    "weft_bpf",
+    "weft_legacy",
+    "weft_xdp",
+];
+
+/// The goals on the ratio of medians, weft against a baseline: (metric,
+/// baseline, goal, whether higher is better).
+const GOALS: [(&str, &str, f64, bool); 6] = [
+    ("tcp_gbps", "kernel_vxlan", 1.10, true),
+    ("tcp_gbps", "route", 0.95, true),
+    ("tcp4_gbps", "kernel_vxlan", 1.10, true),
+    ("udp64_pps", "kernel_vxlan", 1.30, true),
+    ("rr_p50_us", "kernel_vxlan", 0.90, false),
+    ("rr_p99_us", "kernel_vxlan", 0.90, false),
+];
 
 const METRICS: [&str; 5] = [
     "tcp_gbps",
@@ -39,7 +66,7 @@ const METRICS: [&str; 5] = [
 
 pub async fn run(args: &[String]) -> Result<()> {
     crate::require_root();
-    let rounds: usize = super::flag(args, "--rounds").unwrap_or(3);
+    let rounds: usize = super::flag(args, "--rounds").unwrap_or(5);
     let secs: u64 = super::flag(args, "--seconds").unwrap_or(5);
     let configs: Vec<String> = super::flag::<String>(args, "--configs")
         .unwrap_or_else(|| "route,kernel_vxlan,weft".into())
@@ -47,7 +74,7 @@ pub async fn run(args: &[String]) -> Result<()> {
         .map(str::to_string)
         .collect();
     for c in &configs {
-        if !["route", "kernel_vxlan", "weft", "weft_tc"].contains(&c.as_str()) {
+        if !CONFIGS.contains(&c.as_str()) {
             bail!("unknown config {c:?}");
         }
     }
@@ -113,12 +140,44 @@ pub async fn run(args: &[String]) -> Result<()> {
         println!();
     }
     println!("(latency: lower is better; a latency ratio below 1 means weft is faster)");
+
+    // Each round's ratios: the configurations ran back to back in a round,
+    // so these show how much of a ratio is noise.
+    let per_round = |name: &str, base: &str| -> Option<Vec<f64>> {
+        let w = samples.get("weft")?.get(name)?;
+        let b = samples.get(base)?.get(name)?;
+        Some(w.iter().zip(b).map(|(w, b)| w / b).collect())
+    };
+    println!("\nper round (weft / baseline), and the goals on the ratio of medians:");
+    let mut goals = Vec::new();
+    for (name, base, goal, higher) in GOALS {
+        let (Some(rs), Some(w), Some(b)) = (
+            per_round(name, base),
+            result.get("weft").map(|m| m[name]),
+            result.get(base).map(|m| m[name]),
+        ) else {
+            continue;
+        };
+        let ratio = w / b;
+        let met = if higher { ratio >= goal } else { ratio <= goal };
+        println!(
+            "  {name:<10} / {base:<12} rounds [{}]  median ratio {ratio:.3}  goal {} {goal:.2}  {}",
+            rs.iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            if higher { ">=" } else { "<=" },
+            if met { "met" } else { "NOT MET" }
+        );
+        ratios.insert(format!("{name}.weft/{base}.rounds"), json!(rs));
+        goals.push(json!({"metric": name, "baseline": base, "goal": goal, "higher_is_better": higher, "ratio": ratio, "met": met}));
+    }
     if let Some(path) = super::flag::<String>(args, "--json") {
         let configs: serde_json::Map<String, Value> =
             result.iter().map(|(c, m)| (c.clone(), json!(m))).collect();
         let raw: serde_json::Map<String, Value> =
             samples.iter().map(|(c, m)| (c.clone(), json!(m))).collect();
-        let doc = json!({"configs": configs, "ratios": ratios, "rounds": rounds, "seconds": secs, "samples": raw});
+        let doc = json!({"configs": configs, "ratios": ratios, "goals": goals, "rounds": rounds, "seconds": secs, "samples": raw});
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
         println!("wrote {path}");
     }
@@ -130,10 +189,12 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
     let (n1, n2) = direct_pair()?;
     let mut nodes = [n1, n2];
     let mtu = if cfg == "route" { 1500 } else { 1450 };
-    for n in nodes.iter_mut() {
-        n.pods_for(subnet_of(n.index).addr(), 24, 1, mtu)?;
+    if !cfg.starts_with("weft") {
+        for n in nodes.iter_mut() {
+            n.pods_for(subnet_of(n.index), 1, mtu)?;
+        }
     }
-    let _pins: Vec<TestPins>;
+    let mut weft_pins: Vec<TestPins> = Vec::new();
     match cfg {
         "route" => {
             for (a, b) in [(0, 1), (1, 0)] {
@@ -157,22 +218,33 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
                 flannel_peer(&nodes[a], subnet_of(nodes[b].index), nodes[b].ip, macs[b])?;
             }
         }
-        "weft" | "weft_tc" => {
-            let decap = if cfg == "weft" {
-                DecapMode::XdpAuto
-            } else {
-                DecapMode::Tc
+        "weft" | "weft_bpf" | "weft_legacy" | "weft_xdp" => {
+            let (mode, routing) = match cfg {
+                "weft" => (XdpMode::Auto, HostRouting::Auto),
+                "weft_bpf" => (XdpMode::Auto, HostRouting::Bpf),
+                "weft_legacy" => (XdpMode::Auto, HostRouting::Legacy),
+                _ => (XdpMode::Native, HostRouting::Auto),
             };
             let pins = vec![TestPins::new(), TestPins::new()];
             for (a, b) in [(0, 1), (1, 0)] {
                 let (n, o) = (&nodes[a], &nodes[b]);
-                install(
-                    n,
-                    spec(n, subnet_of(n.index), pins[a].pins(), decap),
-                    vec![peer(o, subnet_of(o.index))],
-                )?;
+                let mut s = spec(n, subnet_of(n.index), &pins[a], mode);
+                s.spec.host_routing = routing;
+                install(n, s, vec![peer(o, subnet_of(o.index))])?;
             }
-            _pins = pins;
+            // The pods, attached with Weft's plugin chained; then the
+            // endpoints it registered are programmed, as the agent does.
+            for (a, n) in nodes.iter_mut().enumerate() {
+                n.use_subnet_weft(subnet_of(n.index), mtu, &pins[a].state_dir());
+                n.add_pod()?;
+                let mut s = spec(n, subnet_of(n.index), &pins[a], mode);
+                s.spec.host_routing = routing;
+                let state = pins[a].state_dir();
+                with_overlay(n, s, async move |o| {
+                    o.sync_endpoints(&weft::endpoint_records(&state)).await
+                })?;
+            }
+            weft_pins = pins;
         }
         other => bail!("unknown config {other}"),
     }
@@ -187,22 +259,67 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
         &["sr", "-i", &server.ip.to_string(), "-p", "11111"],
     )?;
     std::thread::sleep(Duration::from_millis(500));
-    let tcp = iperf_tcp(client, server.ip, 1, secs)?;
-    let tcp4 = iperf_tcp(client, server.ip, 4, secs)?;
+    // `WEFT_BENCH_PERF=DIR`: a system-wide profile of the TCP measurement
+    // with `WEFT_BENCH_PERF_STREAMS` streams (1 or 4, default 1), per
+    // configuration (`perf report -i DIR/<cfg>.tcp<streams>.data`).
+    let perf_streams: u32 = std::env::var("WEFT_BENCH_PERF_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let tcp_profiled = |streams: u32| -> Result<f64> {
+        let perf = std::env::var_os("WEFT_BENCH_PERF")
+            .filter(|_| streams == perf_streams)
+            .map(|dir| {
+                let out = std::path::Path::new(&dir).join(format!("{cfg}.tcp{streams}.data"));
+                std::process::Command::new("perf")
+                    .args(["record", "-a", "-g", "-F", "499", "-q", "-o"])
+                    .arg(&out)
+                    .args(["--", "sleep", &secs.to_string()])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+            });
+        let r = iperf_tcp(client, server.ip, streams, secs);
+        if let Some(Ok(mut p)) = perf {
+            let _ = p.wait();
+        }
+        r
+    };
+    let tcp = tcp_profiled(1)?;
+    let before = fast_path_share(&weft_pins);
+    let tcp4 = tcp_profiled(4)?;
+    if let (Some(b), Some(a)) = (before, fast_path_share(&weft_pins)) {
+        let fast = (a.0 - b.0) as f64;
+        let all = fast + (a.1 - b.1) as f64;
+        eprintln!(
+            "  tcp x4: {:.1}% of the packets sent took the fast path",
+            100.0 * fast / all.max(1.0)
+        );
+    }
     let udp = iperf_udp64(client, server.ip, secs)?;
     let (p50, p99) = rr(client, server.ip, secs)?;
     Ok([tcp, tcp4, udp, p50, p99])
 }
 
+/// (fast path, host stack) packets sent by the first node's programs.
+fn fast_path_share(pins: &[TestPins]) -> Option<(u64, u64)> {
+    use dataplane_common::Reason;
+    let c = weft::dataplane::Counters::open(pins.first()?.pins()).ok()?;
+    let n = |r| c.get(r).map(|c| c.packets).unwrap_or(0);
+    Some((
+        n(Reason::EncapBypass) + n(Reason::DirectTx),
+        n(Reason::Encapsulated),
+    ))
+}
+
 /// Two nodes joined directly by a veth pair, 198.18.0.1 and .2.
 fn direct_pair() -> Result<(Node, Node)> {
     let mk = |i: u8| -> Result<Node> {
-        Ok(Node {
-            ns: Netns::new("wb")?,
-            index: i,
-            ip: Ipv4Addr::new(198, 18, 0, i),
-            pods: Vec::new(),
-        })
+        Ok(Node::in_ns(
+            Netns::new("wb")?,
+            i,
+            Ipv4Addr::new(198, 18, 0, i),
+        ))
     };
     let (a, b) = (mk(1)?, mk(2)?);
     veth(&a.ns, "eth0", &b.ns, "eth0")?;
@@ -220,7 +337,7 @@ fn iperf_json(ns: &Netns, args: &[&str]) -> Result<Value> {
     Ok(v)
 }
 
-fn iperf_tcp(client: &Netns, ip: Ipv4Addr, streams: u32, secs: u64) -> Result<f64> {
+pub(crate) fn iperf_tcp(client: &Netns, ip: Ipv4Addr, streams: u32, secs: u64) -> Result<f64> {
     let v = iperf_json(
         client,
         &[
@@ -266,7 +383,7 @@ fn iperf_udp64(client: &Netns, ip: Ipv4Addr, secs: u64) -> Result<f64> {
     Ok((packets - lost) / seconds)
 }
 
-fn rr(client: &Netns, ip: Ipv4Addr, secs: u64) -> Result<(f64, f64)> {
+pub(crate) fn rr(client: &Netns, ip: Ipv4Addr, secs: u64) -> Result<(f64, f64)> {
     let out = client
         .command("sockperf")
         .args([

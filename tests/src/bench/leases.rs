@@ -1,4 +1,7 @@
-//! `cargo xtask bench leases`: N agents acquire at once against one local etcd.
+//! `cargo xtask bench leases [--agents N] [--members M] [--json FILE]`: N
+//! agents acquire at once against one local etcd, or (`--members 3`) a
+//! cluster of M members in network namespaces, the agents given every
+//! member.
 //!
 //! Each agent is a task with its own etcd connection running the real
 //! acquisition code (`weft::lease::acquire`), released together by a barrier.
@@ -11,11 +14,8 @@ use anyhow::{Result, bail};
 use rand::SeedableRng as _;
 use weft::{
     lease::{
-        acquire::{AcquireRequest, Identity, acquire},
-        attrs::LeaseAttrs,
-        config::NetworkConfig,
-        etcd::{EtcdOptions, EtcdStore},
-        store::Store as _,
+        AcquireRequest, EtcdOptions, EtcdStore, Identity, LeaseAttrs, NetworkConfig, Store as _,
+        acquire,
     },
     mac::MacAddr,
 };
@@ -23,6 +23,37 @@ use weft::{
 use crate::etcd::Etcd;
 
 pub async fn run(args: &[String]) -> Result<()> {
+    let members: usize = super::flag(args, "--members").unwrap_or(1);
+    if members <= 1 {
+        let etcd = Etcd::start()?;
+        return measure(args, vec![etcd.endpoint.clone()], "one local etcd (3.4)").await;
+    }
+    let underlay = crate::cluster::Underlay::new()?;
+    // An address on the underlay, so that the members are routable from it.
+    underlay.host_addr(crate::weft_cluster::ETCD_IP)?;
+    let cluster = crate::etcd_cluster::EtcdCluster::start(
+        &underlay,
+        members,
+        crate::etcd_cluster::Options::default(),
+    )?;
+    let endpoints: Vec<String> = cluster.endpoints().split(',').map(str::to_string).collect();
+    let args = args.to_vec();
+    let what = format!("a {members}-member etcd cluster (3.4) in namespaces");
+    // The members are only reachable from inside the underlay namespace.
+    tokio::task::block_in_place(|| {
+        underlay.ns.run(move || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?
+                .block_on(measure(&args, endpoints, &what))
+        })
+    })??;
+    drop(cluster);
+    Ok(())
+}
+
+async fn measure(args: &[String], endpoints: Vec<String>, what: &str) -> Result<()> {
     let n: usize = super::flag(args, "--agents").unwrap_or(200);
     let config_json = r#"{"Network":"10.0.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
     let config = NetworkConfig::parse(config_json.as_bytes())?;
@@ -32,12 +63,11 @@ pub async fn run(args: &[String]) -> Result<()> {
             config.subnet_count()
         );
     }
-    let etcd = Etcd::start()?;
-    let mut c = etcd.client().await;
+    let mut c = etcd_client::Client::connect(&endpoints, None).await?;
     c.put("/coreos.com/network/config", config_json, None)
         .await?;
     let opts = EtcdOptions {
-        endpoints: vec![etcd.endpoint.clone()],
+        endpoints,
         request_timeout: std::time::Duration::from_secs(10),
         ..Default::default()
     };
@@ -113,7 +143,7 @@ pub async fn run(args: &[String]) -> Result<()> {
     let mut subnets: Vec<_> = results.iter().map(|r| r.0).collect();
     subnets.sort();
     subnets.dedup();
-    let listing = weft::lease::etcd::EtcdStore::connect(&opts)
+    let listing = EtcdStore::connect(&opts)
         .await?
         .list("/coreos.com/network/subnets/")
         .await?;
@@ -125,7 +155,7 @@ pub async fn run(args: &[String]) -> Result<()> {
     let mut lat: Vec<f64> = results.iter().map(|r| r.3.as_secs_f64() * 1000.0).collect();
     lat.sort_by(f64::total_cmp);
 
-    println!("lease acquisition: {n} agents at once, one local etcd (3.4), 255 subnets");
+    println!("lease acquisition: {n} agents at once, {what}, 255 subnets");
     println!(
         "  all distinct        {}",
         if distinct { "yes" } else { "NO" }

@@ -3,6 +3,7 @@
 
 pub mod control_plane;
 pub mod datapath;
+pub mod egress;
 pub mod leases;
 
 /// A `--flag VALUE` from the arguments, parsed.

@@ -1,9 +1,11 @@
-//! `cargo xtask bench <datapath|leases|control-plane> [options]`.
+//! `cargo xtask bench <datapath|egress|leases|control-plane> [options]`.
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(which) = args.first().cloned() else {
-        eprintln!("usage: weft-bench <datapath|leases|control-plane> [--json FILE] [options]");
+        eprintln!(
+            "usage: weft-bench <datapath|egress|leases|control-plane> [--json FILE] [options]"
+        );
         std::process::exit(2);
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -16,9 +18,10 @@ fn main() {
         match which.as_str() {
             "leases" => weft_tests::bench::leases::run(rest).await,
             "datapath" => weft_tests::bench::datapath::run(rest).await,
+            "egress" => weft_tests::bench::egress::run(rest).await,
             "control-plane" => weft_tests::bench::control_plane::run(rest).await,
             other => Err(anyhow::anyhow!(
-                "unknown benchmark {other:?}: datapath, leases or control-plane"
+                "unknown benchmark {other:?}: datapath, egress, leases or control-plane"
             )),
         }
     });

@@ -1,0 +1,296 @@
+//! Attaching pods with real CNI plugins, invoked the way a container runtime
+//! (libcni) invokes them: `CNI_COMMAND`, `CNI_CONTAINERID`, `CNI_NETNS`,
+//! `CNI_IFNAME`, `CNI_PATH` in the environment, the network config on
+//! stdin; a conflist's plugins run in order on ADD, each given the previous
+//! plugin's result as `prevResult`, and in reverse order on DEL.
+
+use std::{
+    io::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::Stdio,
+};
+
+use anyhow::{Context as _, Result, bail};
+use ipnet::Ipv4Net;
+use serde_json::{Value, json};
+
+use crate::netns::Netns;
+
+/// Debian's containernetworking-plugins.
+pub const SYSTEM_PLUGINS: &str = "/usr/lib/cni";
+
+/// A network configuration list.
+#[derive(Clone, Debug)]
+pub struct ConfList {
+    pub name: String,
+    pub cni_version: String,
+    pub plugins: Vec<Value>,
+    /// Directories to look for plugin binaries in (CNI_PATH).
+    pub path: Vec<PathBuf>,
+}
+
+/// The network flannel's CNI plugin sets up for a node (it delegates to
+/// `bridge` on cni0, gateway first address, with `host-local` over the
+/// node's subnet): the subnet, MTU and network from subnet.env, host-local's
+/// records under `ipam_dir`.
+pub fn flannel_like(subnet: Ipv4Net, network: Ipv4Net, mtu: u32, ipam_dir: &Path) -> ConfList {
+    ConfList {
+        name: "cbr0".into(),
+        cni_version: "1.0.0".into(),
+        plugins: vec![json!({
+            "type": "bridge",
+            "bridge": "cni0",
+            "isGateway": true,
+            "isDefaultGateway": true,
+            "hairpinMode": true,
+            "ipMasq": false,
+            "mtu": mtu,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": subnet.to_string()}]],
+                "routes": [{"dst": network.to_string()}],
+                "dataDir": ipam_dir,
+            },
+        })],
+        path: vec![PathBuf::from(SYSTEM_PLUGINS)],
+    }
+}
+
+/// Who a plugin runs for: the node the runtime runs on, the container and
+/// its namespace (none for a DEL after the namespace is gone), the
+/// interface name in it.
+#[derive(Clone, Copy)]
+pub struct Invocation<'a> {
+    pub runtime_ns: &'a Netns,
+    pub container_id: &'a str,
+    pub pod: Option<&'a Netns>,
+    pub ifname: &'a str,
+    /// CNI_ARGS beyond `IgnoreUnknown=1` (e.g. `IP=10.244.3.7` for
+    /// host-local).
+    pub args: &'a str,
+}
+
+/// Chains Weft's plugin after the others (flannel's config plus one line),
+/// registering endpoints in the agent's `state_dir`.
+pub fn chain_weft(list: &mut ConfList, state_dir: &Path) {
+    list.plugins
+        .push(json!({"type": "weft", "stateDir": state_dir}));
+    let weft_dir = crate::agent::weft_bin()
+        .parent()
+        .expect("the weft binary is in a directory")
+        .to_path_buf();
+    if !list.path.contains(&weft_dir) {
+        list.path.insert(0, weft_dir);
+    }
+}
+
+/// What ADD returned, and what the pod got.
+#[derive(Clone, Debug)]
+pub struct Attached {
+    pub result: Value,
+    pub ip: Ipv4Addr,
+    /// The host side of the pod's veth.
+    pub host_if: String,
+}
+
+impl ConfList {
+    /// The config one plugin gets on stdin.
+    fn plugin_config(&self, plugin: &Value, prev: Option<&Value>) -> Value {
+        let mut c = plugin.clone();
+        c["name"] = json!(self.name);
+        c["cniVersion"] = json!(self.cni_version);
+        if let Some(p) = prev {
+            c["prevResult"] = p.clone();
+        }
+        c
+    }
+
+    fn cni_path(&self) -> String {
+        self.path
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":")
+    }
+
+    /// Runs one plugin for `at`.
+    pub fn exec(
+        &self,
+        at: &Invocation<'_>,
+        command: &str,
+        plugin: &Value,
+        prev: Option<&Value>,
+    ) -> Result<Value> {
+        let Invocation {
+            runtime_ns,
+            container_id,
+            pod,
+            ifname,
+            args,
+        } = *at;
+        let ty = plugin["type"].as_str().context("a plugin without a type")?;
+        let bin = self
+            .path
+            .iter()
+            .map(|d| d.join(ty))
+            .find(|p| p.exists())
+            .with_context(|| format!("no CNI plugin {ty:?} in {}", self.cni_path()))?;
+        let config = serde_json::to_vec(&self.plugin_config(plugin, prev))?;
+        let netns = pod
+            .map(|p| p.path().display().to_string())
+            .unwrap_or_default();
+        let mut child = runtime_ns
+            .command(bin.to_str().context("plugin path")?)
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", container_id)
+            .env("CNI_NETNS", &netns)
+            .env("CNI_IFNAME", ifname)
+            .env("CNI_PATH", self.cni_path())
+            .env(
+                "CNI_ARGS",
+                if args.is_empty() {
+                    "IgnoreUnknown=1".to_string()
+                } else {
+                    format!("IgnoreUnknown=1;{args}")
+                },
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting CNI plugin {ty}"))?;
+        child.stdin.take().context("stdin")?.write_all(&config)?;
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!(
+                "CNI {command} of {ty} failed ({}): {} {}",
+                out.status,
+                stdout.trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        if stdout.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&stdout).with_context(|| format!("{ty} printed {stdout:?}"))
+    }
+
+    /// ADD through every plugin in order.
+    pub fn add(
+        &self,
+        runtime_ns: &Netns,
+        container_id: &str,
+        pod: &Netns,
+        ifname: &str,
+    ) -> Result<Attached> {
+        self.add_with(runtime_ns, container_id, pod, ifname, "")
+    }
+
+    /// ADD with extra CNI_ARGS.
+    pub fn add_with(
+        &self,
+        runtime_ns: &Netns,
+        container_id: &str,
+        pod: &Netns,
+        ifname: &str,
+        args: &str,
+    ) -> Result<Attached> {
+        let at = Invocation {
+            runtime_ns,
+            container_id,
+            pod: Some(pod),
+            ifname,
+            args,
+        };
+        let mut prev: Option<Value> = None;
+        for plugin in &self.plugins {
+            prev = Some(self.exec(&at, "ADD", plugin, prev.as_ref())?);
+        }
+        let result = prev.context("an empty plugin list")?;
+        attached(result)
+    }
+
+    /// DEL through every plugin in reverse order, each with the result of
+    /// the ADD (what libcni does from its cache).
+    pub fn del(
+        &self,
+        runtime_ns: &Netns,
+        container_id: &str,
+        pod: Option<&Netns>,
+        ifname: &str,
+        prev: Option<&Value>,
+    ) -> Result<()> {
+        let at = Invocation {
+            runtime_ns,
+            container_id,
+            pod,
+            ifname,
+            args: "",
+        };
+        for plugin in self.plugins.iter().rev() {
+            self.exec(&at, "DEL", plugin, prev)?;
+        }
+        Ok(())
+    }
+
+    /// CHECK through every plugin in order.
+    pub fn check(
+        &self,
+        runtime_ns: &Netns,
+        container_id: &str,
+        pod: &Netns,
+        ifname: &str,
+        prev: &Value,
+    ) -> Result<()> {
+        let at = Invocation {
+            runtime_ns,
+            container_id,
+            pod: Some(pod),
+            ifname,
+            args: "",
+        };
+        for plugin in &self.plugins {
+            self.exec(&at, "CHECK", plugin, Some(prev))?;
+        }
+        Ok(())
+    }
+}
+
+/// The pod's address and host interface from a CNI result.
+pub fn attached(result: Value) -> Result<Attached> {
+    let ifaces = result["interfaces"].as_array().cloned().unwrap_or_default();
+    let ip_entry = result["ips"]
+        .as_array()
+        .and_then(|ips| ips.first())
+        .with_context(|| format!("no address in the CNI result {result}"))?;
+    let addr: Ipv4Net = ip_entry["address"]
+        .as_str()
+        .context("ips[0].address")?
+        .parse()
+        .context("ips[0].address")?;
+    // The host side of the veth: the interface in no sandbox that is not
+    // the bridge (bridge's result lists the bridge, the host veth, and the
+    // container's interface).
+    let host_if = ifaces
+        .iter()
+        .filter(|i| i.get("sandbox").is_none_or(|s| s.as_str() == Some("")))
+        .filter_map(|i| i["name"].as_str())
+        .find(|n| *n != "cni0")
+        .unwrap_or_default()
+        .to_string();
+    Ok(Attached {
+        result,
+        ip: addr.addr(),
+        host_if,
+    })
+}
+
+/// A container id a runtime might make up.
+pub fn container_id(name: &str) -> String {
+    format!("{name}{:0>56x}", std::process::id())
+        .chars()
+        .take(64)
+        .collect()
+}

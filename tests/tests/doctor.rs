@@ -1,0 +1,209 @@
+//! `weft doctor` on a healthy node passes; each thing broken on a test node
+//! (with the agent stopped, so that it does not repair it first) makes the
+//! check that covers it fail, with its fix, and the exit status non-zero.
+
+use std::{path::Path, time::Duration};
+
+use weft_tests::{
+    agent::{eventually, weft_bin},
+    weft_cluster::{ETCD_IP, WeftCluster, WeftNode},
+};
+
+const T: Duration = Duration::from_secs(30);
+
+/// Runs `weft doctor` in `n`'s namespace with its paths; returns (exit ok,
+/// stdout + stderr).
+fn doctor(n: &WeftNode, cni_dir: &Path) -> (bool, String) {
+    let out = n
+        .node
+        .ns
+        .command(weft_bin().to_str().unwrap())
+        .args(["doctor", "--bpffs-dir"])
+        .arg(n.pins.path())
+        .arg("--state-dir")
+        .arg(n.agent.state_dir())
+        .arg("--subnet-file")
+        .arg(n.agent.subnet_file())
+        .args(["--etcd-endpoints", &format!("http://{ETCD_IP}:2379")])
+        .arg("--cni-conf-dir")
+        .arg(cni_dir)
+        .output()
+        .expect("running weft doctor");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Asserts that doctor fails, with a FAIL line for `check` containing
+/// `saw`, followed by a fix.
+fn fails(n: &WeftNode, cni_dir: &Path, check: &str, saw: &str) {
+    let (ok, text) = doctor(n, cni_dir);
+    println!("--- {check} broken:\n{text}");
+    assert!(!ok, "doctor exits non-zero with {check} broken:\n{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("FAIL  {check}")) && l.contains(saw))
+        .unwrap_or_else(|| panic!("a FAIL for {check} naming {saw:?}:\n{text}"));
+    assert!(
+        lines.get(at + 1).is_some_and(|l| l.contains("fix: ")),
+        "the fix follows:\n{text}"
+    );
+}
+
+fn healthy(n: &WeftNode, cni_dir: &Path) {
+    let (ok, text) = doctor(n, cni_dir);
+    assert!(ok, "a healthy node passes:\n{text}");
+    for check in [
+        "kernel",
+        "bpffs",
+        "programs",
+        "hook",
+        "rp_filter",
+        "offloads",
+        "mtu",
+        "subnet",
+        "peers",
+        "cni",
+    ] {
+        assert!(
+            text.contains(&format!("ok    {check}")),
+            "{check} is checked:\n{text}"
+        );
+    }
+    assert!(!text.contains("FAIL"), "{text}");
+}
+
+#[test]
+fn doctor_finds_what_is_broken() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    for n in &mut c.nodes {
+        n.use_cni();
+        n.node.add_pod().unwrap();
+    }
+    eventually("peers programmed", T, || {
+        c.nodes
+            .iter()
+            .all(|n| n.peer_subnets().len() == 1)
+            .then_some(())
+    });
+    let n = &c.nodes[0];
+    // The node's bpffs is shared, as a host's /sys/fs/bpf is (on the host:
+    // `ip netns exec` gives each command a slave copy of its mounts).
+    let propagation = |how: &str| {
+        weft_tests::proc::run("mount", &[how, n.pins.path().to_str().unwrap()]).unwrap();
+    };
+    propagation("--make-shared");
+    let dir = std::env::temp_dir().join(weft_tests::unique("weft-doctor-"));
+    let (cni_bin, cni_dir) = (dir.join("bin"), dir.join("net.d"));
+    let install_cni = || {
+        let (ok, _, err) = weft_tests::agent::weft(&[
+            "install-cni",
+            "--bin-dir",
+            cni_bin.to_str().unwrap(),
+            "--conf-dir",
+            cni_dir.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+    };
+    install_cni();
+    healthy(n, &cni_dir);
+
+    // The agent stops: from here on nothing repairs what breaks.
+    n.agent.pause();
+
+    n.node
+        .ns
+        .sysctl("net.ipv4.conf.eth0.rp_filter", "1")
+        .unwrap();
+    fails(n, &cni_dir, "rp_filter", "strict on eth0");
+    n.node
+        .ns
+        .sysctl("net.ipv4.conf.eth0.rp_filter", "2")
+        .unwrap();
+
+    n.node
+        .ns
+        .ip(&["link", "set", "weft.1", "mtu", "1480"])
+        .unwrap();
+    fails(n, &cni_dir, "mtu", "exceeds the uplink's 1500");
+    n.node
+        .ns
+        .ip(&["link", "set", "weft.1", "mtu", "1450"])
+        .unwrap();
+
+    // VXLAN blocked on the way (a firewall on the underlay's switch).
+    let switch = &c.underlay.ns;
+    switch
+        .exec("nft", &["add", "table", "bridge", "doctor"])
+        .unwrap();
+    switch
+        .exec(
+            "nft",
+            &[
+                "add",
+                "chain",
+                "bridge",
+                "doctor",
+                "vxlan_block",
+                "{ type filter hook forward priority 0; policy accept; udp dport 8472 drop; }",
+            ],
+        )
+        .unwrap();
+    fails(n, &cni_dir, "peers", "no answer through UDP 8472");
+    switch
+        .exec("nft", &["delete", "table", "bridge", "doctor"])
+        .unwrap();
+
+    let peer = &c.nodes[1].node.ns;
+    // The peer's underlay carries less than the overlay needs.
+    peer.ip(&["link", "set", "eth0", "mtu", "1400"]).unwrap();
+    fails(n, &cni_dir, "peers", "does not carry the overlay MTU");
+    peer.ip(&["link", "set", "eth0", "mtu", "1500"]).unwrap();
+
+    // A stale subnet.env naming the other node's subnet.
+    let env_path = n.agent.subnet_file();
+    let env = std::fs::read_to_string(&env_path).unwrap();
+    let theirs = c.nodes[1].subnet;
+    let first = |s: ipnet::Ipv4Net| std::net::Ipv4Addr::from(u32::from(s.network()) + 1);
+    std::fs::write(
+        &env_path,
+        env.replace(
+            &format!("{}/", first(n.subnet)),
+            &format!("{}/", first(theirs)),
+        ),
+    )
+    .unwrap();
+    fails(n, &cni_dir, "subnet", "belongs to 198.18.0.2");
+    std::fs::write(&env_path, &env).unwrap();
+
+    // The runtime's first network config does not run Weft's plugin.
+    std::fs::write(
+        cni_dir.join("05-flannel.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"cbr0","plugins":[{"type":"flannel"},{"type":"portmap"}]}"#,
+    )
+    .unwrap();
+    fails(n, &cni_dir, "cni", "does not run Weft's plugin");
+    std::fs::remove_file(cni_dir.join("05-flannel.conflist")).unwrap();
+    std::fs::remove_file(cni_dir.join("10-weft.conflist")).unwrap();
+    fails(n, &cni_dir, "cni", "no network config");
+    install_cni();
+
+    // Pins on a private mount (a bpffs of a container's own).
+    propagation("--make-private");
+    fails(n, &cni_dir, "bpffs", "is a private mount");
+    propagation("--make-shared");
+
+    // Everything put back: healthy again.
+    healthy(n, &cni_dir);
+
+    // The programs detached and the device gone (weft teardown).
+    n.weft(&["teardown"]).unwrap();
+    let (ok, text) = doctor(n, &cni_dir);
+    assert!(!ok && text.contains("FAIL  datapath"), "{text}");
+    n.agent.resume();
+    let _ = std::fs::remove_dir_all(&dir);
+}

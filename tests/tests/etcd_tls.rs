@@ -1,0 +1,274 @@
+//! etcd with mutual TLS and auth, as operators run it: agents started before
+//! etcd wait for it; they authenticate as a user holding only the node role
+//! the README documents; an expired token is refreshed; wrong CA, wrong
+//! client certificate and wrong password each give an error naming the
+//! problem (retried where it may pass, fatal where it cannot); https://
+//! without a CA file uses the system's CAs; SIGHUP reads the certificate
+//! files again.
+
+use std::time::Duration;
+
+use weft_tests::{
+    agent::{Agent, eventually},
+    cluster::Node,
+    etcd_cluster::{EtcdCluster, Options, Pki},
+    weft_cluster::{CONFIG, PREFIX, WeftCluster},
+};
+
+const T: Duration = Duration::from_secs(30);
+
+/// An agent on `node` (control plane only) with these etcd flags.
+fn agent(node: &Node, name: &str, etcd: &[String]) -> Agent {
+    let mut args: Vec<String> = etcd.to_vec();
+    args.extend(
+        [
+            "--node-id",
+            name,
+            "--datapath",
+            "none",
+            "--public-ip",
+            &node.ip.to_string(),
+            "--healthz-port",
+            "9090",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    Agent::start(name, Some(&node.ns), &args).unwrap()
+}
+
+/// The peers an agent has programmed (its /metrics).
+fn peers(node: &Node) -> f64 {
+    weft_tests::weft_cluster::http_get(&node.ns, node.ip, 9090, "/metrics")
+        .ok()
+        .and_then(|(_, body)| {
+            body.lines()
+                .find_map(|l| l.strip_prefix("weft_peers "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(-1.0)
+}
+
+fn tls_flags(pki: &Pki, endpoints: &str, cert: &str, ca: &str) -> Vec<String> {
+    vec![
+        "--etcd-endpoints".into(),
+        endpoints.into(),
+        "--etcd-cafile".into(),
+        pki.path(&format!("{ca}.pem")).display().to_string(),
+        "--etcd-certfile".into(),
+        pki.path(&format!("{cert}.pem")).display().to_string(),
+        "--etcd-keyfile".into(),
+        pki.path(&format!("{cert}.key")).display().to_string(),
+    ]
+}
+
+fn with_user(mut flags: Vec<String>, password: &str) -> Vec<String> {
+    flags.extend([
+        "--etcd-username".into(),
+        "node".into(),
+        "--etcd-password".into(),
+        password.into(),
+    ]);
+    flags
+}
+
+#[test]
+fn mutual_tls_with_auth_and_the_node_role() {
+    let c = WeftCluster::new(0, &[]).unwrap();
+    let pki = Pki::new(3).unwrap();
+    let endpoints = (0..3)
+        .map(|i| format!("https://{}:2379", weft_tests::etcd_cluster::member_ip(i)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let good = with_user(tls_flags(&pki, &endpoints, "client", "ca"), "nodepw");
+
+    // Started before etcd exists: it waits.
+    let n1 = Node::new(&c.underlay, 1).unwrap();
+    let a1 = agent(&n1, "node-1", &good);
+    a1.wait_log("cannot connect to etcd; waiting for it", T)
+        .unwrap();
+    assert!(a1.running());
+
+    // etcd comes: 3 members, mutual TLS, auth on with tokens that expire
+    // after 2 s idle, the node role only.
+    let mut ec = EtcdCluster::start(
+        &c.underlay,
+        3,
+        Options {
+            pki: Some(&pki),
+            auth_token_ttl: Some(2),
+        },
+    )
+    .unwrap();
+    ec.etcdctl(&["put", &format!("{PREFIX}/config"), CONFIG])
+        .unwrap();
+    ec.enable_auth(PREFIX).unwrap();
+    let s1 = a1.wait_subnet(T).unwrap();
+    let n2 = Node::new(&c.underlay, 2).unwrap();
+    let a2 = agent(&n2, "node-2", &good);
+    let s2 = a2.wait_subnet(T).unwrap();
+    assert_ne!(s1, s2);
+
+    // Idle past the token's life, then cut off from etcd while a third
+    // node joins: back, node 1's watch starts again from a list, a request
+    // its expired token no longer opens, so the token is renewed.
+    eventually("node 1 sees node 2", T, || {
+        (peers(&n1) == 1.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    n1.ns.exec("nft", &["add", "table", "inet", "cut"]).unwrap();
+    n1.ns
+        .exec(
+            "nft",
+            &[
+                "add",
+                "chain",
+                "inet",
+                "cut",
+                "out",
+                "{ type filter hook output priority 0; policy accept; tcp dport 2379 drop; }",
+            ],
+        )
+        .unwrap();
+    let n3 = Node::new(&c.underlay, 3).unwrap();
+    let a3 = agent(&n3, "node-3", &good);
+    a3.wait_subnet(T).unwrap();
+    eventually("node 2 sees node 3", T, || {
+        (peers(&n2) == 2.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    n1.ns
+        .exec("nft", &["delete", "table", "inet", "cut"])
+        .unwrap();
+    eventually("node 1 sees node 3 after its token expired", T, || {
+        (peers(&n1) == 2.0).then_some(())
+    });
+
+    // Wrong CA: a clear error, retried (the file may be fixed).
+    let n4 = Node::new(&c.underlay, 4).unwrap();
+    let bad_ca = agent(
+        &n4,
+        "node-4",
+        &with_user(tls_flags(&pki, &endpoints, "client", "other-ca"), "nodepw"),
+    );
+    bad_ca
+        .wait_log("cannot connect to etcd; waiting for it", T)
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(bad_ca.running(), "a wrong CA is retried");
+    assert!(
+        bad_ca.log().to_lowercase().contains("certificate"),
+        "the error names the certificate: {}",
+        bad_ca.log()
+    );
+    drop(bad_ca);
+
+    // A client certificate from another CA: refused by etcd, retried.
+    let rogue = agent(
+        &n4,
+        "node-4",
+        &with_user(tls_flags(&pki, &endpoints, "rogue", "ca"), "nodepw"),
+    );
+    rogue
+        .wait_log("cannot connect to etcd; waiting for it", T)
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(rogue.running(), "a refused certificate is retried");
+    drop(rogue);
+
+    // A wrong password: fatal, with a message that says so.
+    let wrong = agent(
+        &n4,
+        "node-4",
+        &with_user(tls_flags(&pki, &endpoints, "client", "ca"), "nope"),
+    );
+    eventually("the agent with a wrong password exits", T, || {
+        (!wrong.running()).then_some(())
+    });
+    assert!(
+        wrong
+            .log()
+            .contains("etcd refused --etcd-username/--etcd-password"),
+        "{}",
+        wrong.log()
+    );
+
+    // TLS flags with http:// endpoints: refused at start.
+    let (ok, _, err) = weft_tests::agent::weft(&[
+        "agent",
+        "--etcd-endpoints",
+        "http://127.0.0.1:2379",
+        "--etcd-keyfile",
+        "/nonexistent",
+        "--etcd-certfile",
+        "/nonexistent",
+        "--datapath",
+        "none",
+        "--public-ip",
+        "198.18.0.9",
+    ]);
+    assert!(!ok && err.contains("use https:// endpoints"), "{err}");
+
+    // SIGHUP: the certificate files are read again. A rogue certificate in
+    // place keeps the current connection; the right one reconnects.
+    let client_pem = pki.path("client.pem");
+    let saved = std::fs::read(&client_pem).unwrap();
+    std::fs::copy(pki.path("rogue.pem"), &client_pem).unwrap();
+    let saved_key = std::fs::read(pki.path("client.key")).unwrap();
+    std::fs::copy(pki.path("rogue.key"), pki.path("client.key")).unwrap();
+    a1.signal(libc::SIGHUP);
+    a1.wait_log("SIGHUP: cannot reconnect to etcd", T).unwrap();
+    std::fs::write(&client_pem, saved).unwrap();
+    std::fs::write(pki.path("client.key"), saved_key).unwrap();
+    a1.signal(libc::SIGHUP);
+    a1.wait_log("SIGHUP: reconnected to etcd", T).unwrap();
+    assert!(a1.running());
+    drop(ec);
+}
+
+/// https:// without `--etcd-cafile`: the system's CAs (`SSL_CERT_FILE`
+/// stands in for the system bundle here).
+#[test]
+fn https_without_a_ca_file_uses_the_system_cas() {
+    let c = WeftCluster::new(0, &[]).unwrap();
+    let pki = Pki::new(1).unwrap();
+    let ec = EtcdCluster::start(
+        &c.underlay,
+        1,
+        Options {
+            pki: Some(&pki),
+            auth_token_ttl: None,
+        },
+    )
+    .unwrap();
+    ec.etcdctl(&["put", &format!("{PREFIX}/config"), CONFIG])
+        .unwrap();
+    let mut flags = tls_flags(&pki, &ec.endpoints(), "client", "ca");
+    flags.drain(2..4); // no --etcd-cafile
+    let n1 = Node::new(&c.underlay, 1).unwrap();
+    // The test CA is not among this machine's CAs: refused, said, retried.
+    let a = agent(&n1, "node-1", &flags);
+    a.wait_log("invalid peer certificate: UnknownIssuer", T)
+        .unwrap();
+    a.wait_log_count("invalid peer certificate: UnknownIssuer", 2, T)
+        .unwrap();
+    drop(a);
+    // With the test CA as the system bundle: trusted.
+    let mut args = flags.clone();
+    args.extend(
+        [
+            "--node-id",
+            "node-1",
+            "--datapath",
+            "none",
+            "--public-ip",
+            "198.18.0.1",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let ca = pki.path("ca.pem").display().to_string();
+    let a =
+        Agent::start_with_env("node-1", Some(&n1.ns), &args, &[("SSL_CERT_FILE", &ca)]).unwrap();
+    a.wait_subnet(T).unwrap();
+}

@@ -1,0 +1,410 @@
+//! Host routing (`--host-routing auto`, the default): pods' traffic between
+//! nodes bypasses the host stack once netfilter has let a flow through,
+//! endpoints come and go with the pods, and what needs netfilter keeps it.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, TcpListener, TcpStream},
+    time::Duration,
+};
+
+use dataplane_common::Reason;
+use weft::dataplane::{Counters, EndpointMap};
+use weft_tests::{
+    agent::eventually,
+    cluster::ping,
+    netns::Netns,
+    weft_cluster::{WeftCluster, WeftNode},
+};
+
+const T: Duration = Duration::from_secs(30);
+
+fn counters(n: &WeftNode) -> Counters {
+    Counters::open(n.pins.pins()).unwrap()
+}
+
+fn count(c: &Counters, r: Reason) -> u64 {
+    c.get(r).unwrap().packets
+}
+
+fn endpoints(n: &WeftNode) -> std::collections::HashMap<Ipv4Addr, dataplane_common::Endpoint> {
+    EndpointMap::open(n.pins.pins()).unwrap().all().unwrap()
+}
+
+fn two_nodes(extra: &[&str]) -> WeftCluster {
+    let c = WeftCluster::new(2, extra).unwrap();
+    eventually("peers and endpoints programmed", T, || {
+        c.nodes
+            .iter()
+            .all(|n| n.peer_subnets().len() == 1 && endpoints(n).len() == 2)
+            .then_some(())
+    });
+    c
+}
+
+/// Runs iperf3 from `client` to `server_ip` for `secs` (reverse: the server
+/// sends); returns the bytes received.
+fn iperf(client: &Netns, server: &Netns, server_ip: Ipv4Addr, secs: u32, reverse: bool) -> f64 {
+    let _srv = server.spawn("iperf3", &["-s", "-1", "-p", "5201"]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let ip = server_ip.to_string();
+    let t = secs.to_string();
+    let mut args = vec!["-c", &ip, "-p", "5201", "-t", &t, "-J"];
+    if reverse {
+        args.push("-R");
+    }
+    let out = client.command("iperf3").args(&args).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0)
+}
+
+/// The fast path is really taken: of the packets of an iperf3 flow, in each
+/// direction, at least 99% are counted as bypassing the host stack, at the
+/// sender (encap_bypass) and at the receiver (decap_bypass).
+#[test]
+fn the_fast_path_carries_at_least_99_percent_of_a_flow() {
+    let c = two_nodes(&[]);
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    for reverse in [false, true] {
+        let (ca, cb) = (counters(a), counters(b));
+        let before: Vec<u64> = [
+            Reason::EncapBypass,
+            Reason::Encapsulated,
+            Reason::DecapBypass,
+            Reason::Decapsulated,
+        ]
+        .iter()
+        .flat_map(|r| [count(&ca, *r), count(&cb, *r)])
+        .collect();
+        let bytes = iperf(
+            &a.node.pods[0].ns,
+            &b.node.pods[0].ns,
+            b.node.pods[0].ip,
+            3,
+            reverse,
+        );
+        assert!(bytes > 1e8, "the flow moved {bytes} bytes");
+        let after: Vec<u64> = [
+            Reason::EncapBypass,
+            Reason::Encapsulated,
+            Reason::DecapBypass,
+            Reason::Decapsulated,
+        ]
+        .iter()
+        .flat_map(|r| [count(&ca, *r), count(&cb, *r)])
+        .collect();
+        let d: Vec<f64> = after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| (a - b) as f64)
+            .collect();
+        // [encap_bypass a, b, encapsulated a, b, decap_bypass a, b, decapsulated a, b]
+        for (node, (fast_tx, slow_tx, fast_rx, slow_rx)) in
+            [(0, (d[0], d[2], d[4], d[6])), (1, (d[1], d[3], d[5], d[7]))]
+        {
+            let tx = fast_tx / (fast_tx + slow_tx);
+            let rx = fast_rx / (fast_rx + slow_rx);
+            println!(
+                "reverse={reverse} node {}: sent {fast_tx} bypassed, {slow_tx} through the stack ({:.4}); received {fast_rx} bypassed, {slow_rx} through the stack ({:.4})",
+                node + 1,
+                tx,
+                rx
+            );
+            assert!(
+                tx >= 0.99,
+                "node {}: {tx} of the packets sent bypassed",
+                node + 1
+            );
+            assert!(
+                rx >= 0.99,
+                "node {}: {rx} of the packets received bypassed",
+                node + 1
+            );
+        }
+    }
+}
+
+/// With XDP decapsulation forced, decapsulated frames for local pods are
+/// delivered after GRO by the TC program, and a bulk flow arrives intact.
+#[test]
+fn host_routing_after_xdp_decapsulation() {
+    let c = two_nodes(&["--xdp-mode", "native"]);
+    let (a, b) = (&c.nodes[0].node.pods[0], &c.nodes[1].node.pods[0]);
+    let cb = counters(&c.nodes[1]);
+    let before = count(&cb, Reason::DecapBypass);
+    let (n, intact) = weft_tests::traffic::tcp_transfer(&b.ns, b.ip, 5210, &a.ns, 50 << 20);
+    assert!(n == 50 << 20 && intact);
+    assert!(count(&cb, Reason::DecapBypass) > before + 100);
+    let status = c.nodes[1].weft(&["status"]).unwrap();
+    assert!(
+        status.contains("weft_deliver") && status.contains("decapsulation: xdp-native"),
+        "{status}"
+    );
+}
+
+/// Endpoints follow the pods: DEL removes one (and its program), an address
+/// reused by a new pod reaches the new pod, DEL without ADD and a repeated
+/// ADD are harmless, a pod whose namespace vanished without DEL is
+/// forgotten, and a pod added while the agent is down takes the host stack
+/// until the agent, back, registers it.
+#[test]
+fn endpoints_follow_pods() {
+    let mut c = two_nodes(&[]);
+    let remote = c.nodes[0].node.pods[0].ns.name().to_string();
+    let from_remote = |ip: Ipv4Addr, c: &WeftCluster| {
+        let ns = c.nodes[0]
+            .node
+            .pods
+            .iter()
+            .find(|p| p.ns.name() == remote)
+            .unwrap();
+        ping(&ns.ns, ip, 1)
+    };
+
+    // DEL: the endpoint, its record and its program go.
+    let n2 = &mut c.nodes[1];
+    let gone = n2.node.del_pod(1).unwrap();
+    let ip = gone.ip;
+    drop(gone);
+    eventually("the deleted pod's endpoint is removed", T, || {
+        (!endpoints(&c.nodes[1]).contains_key(&ip)).then_some(())
+    });
+    let links = std::fs::read_dir(c.nodes[1].pins.path().join("links"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("tc_ingress-veth")
+        })
+        .count();
+    assert_eq!(links, 1, "one pod veth program left");
+
+    // Reuse: a new pod asks for the same address; traffic reaches it.
+    let n2 = &mut c.nodes[1];
+    let new = n2.node.add_pod_with(&format!("IP={ip}")).unwrap();
+    assert_eq!(new.ip, ip);
+    let new_if = new.host_if.clone();
+    let new_ns = new.ns.name().to_string();
+    eventually("the new pod's endpoint", T, || {
+        let e = endpoints(&c.nodes[1]);
+        let idx: u32 = c.nodes[1]
+            .node
+            .ns
+            .exec("cat", &[&format!("/sys/class/net/{new_if}/ifindex")])
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        (e.get(&ip)?.ifindex == idx).then_some(())
+    });
+    let rx0 = c.nodes[1]
+        .node
+        .pods
+        .iter()
+        .find(|p| p.ns.name() == new_ns)
+        .unwrap()
+        .ns
+        .link_stat("eth0", "rx_packets")
+        .unwrap();
+    assert!(from_remote(ip, &c), "the reused address answers");
+    let rx1 = c.nodes[1]
+        .node
+        .pods
+        .iter()
+        .find(|p| p.ns.name() == new_ns)
+        .unwrap()
+        .ns
+        .link_stat("eth0", "rx_packets")
+        .unwrap();
+    assert!(rx1 > rx0, "the new pod received it");
+
+    // DEL without ADD: success, nothing changes.
+    let n2 = &c.nodes[1];
+    let before = endpoints(n2);
+    let cni = n2.node.cni.clone().unwrap();
+    cni.del(&n2.node.ns, "never-added", None, "eth0", None)
+        .unwrap();
+    assert_eq!(endpoints(n2), before);
+
+    // ADD again for an attached pod (a runtime retrying): the same result
+    // registered again, nothing else changes.
+    let pod = &n2.node.pods[0];
+    let weft_plugin = cni.plugins.last().unwrap().clone();
+    let at = weft_tests::cni::Invocation {
+        runtime_ns: &n2.node.ns,
+        container_id: &pod.container_id,
+        pod: Some(&pod.ns),
+        ifname: "eth0",
+        args: "",
+    };
+    let again = cni
+        .exec(&at, "ADD", &weft_plugin, Some(&pod.result))
+        .unwrap();
+    assert_eq!(again["ips"], pod.result["ips"]);
+    // CHECK of Weft's plugin agrees with what is registered.
+    cni.exec(&at, "CHECK", &weft_plugin, Some(&pod.result))
+        .unwrap();
+    assert_eq!(endpoints(n2), before);
+
+    // A pod whose namespace vanished without DEL (the runtime crashed):
+    // its veth is gone, so its endpoint and record are forgotten.
+    let n2 = &mut c.nodes[1];
+    let crashed = n2.node.pods.remove(0);
+    let crashed_ip = crashed.ip;
+    drop(crashed);
+    eventually("the vanished pod's endpoint is removed", T, || {
+        (!endpoints(&c.nodes[1]).contains_key(&crashed_ip)).then_some(())
+    });
+    let records = std::fs::read_dir(c.nodes[1].agent.state_dir().join("endpoints"))
+        .unwrap()
+        .count();
+    assert_eq!(
+        records,
+        c.nodes[1].node.pods.len(),
+        "one record per live pod"
+    );
+
+    // The agent is down while a pod is added: ADD succeeds, the pod works
+    // through the host stack, and the agent registers it when it is back.
+    let n2 = &mut c.nodes[1];
+    n2.agent.kill();
+    let late = n2.node.add_pod().unwrap();
+    let (late_ip, late_ns) = (late.ip, late.ns.name().to_string());
+    assert!(!endpoints(&c.nodes[1]).contains_key(&late_ip));
+    let c2 = counters(&c.nodes[1]);
+    let slow = count(&c2, Reason::Decapsulated);
+    assert!(from_remote(late_ip, &c), "reachable through the host stack");
+    assert!(count(&c2, Reason::Decapsulated) > slow);
+    c.nodes[1].agent.restart().unwrap();
+    eventually(
+        "the agent registers the pod added while it was down",
+        T,
+        || endpoints(&c.nodes[1]).contains_key(&late_ip).then_some(()),
+    );
+    let _ = late_ns;
+}
+
+/// A TCP server in `ns` on `ip:port` that echoes what one connection
+/// sends; returns whether a connection came within 5 s.
+fn echo_server(ns: &Netns, ip: Ipv4Addr, port: u16) -> std::thread::JoinHandle<bool> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = ns.spawn_thread(move || {
+        let l = TcpListener::bind((ip, port)).unwrap();
+        l.set_nonblocking(true).unwrap();
+        tx.send(()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            match l.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let mut buf = [0u8; 64];
+                    let n = s.read(&mut buf).unwrap_or(0);
+                    let _ = s.write_all(&buf[..n]);
+                    return true;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        false
+    });
+    rx.recv().unwrap();
+    h
+}
+
+/// What needs the host stack keeps it under `auto`: a "Service" address
+/// DNAT'd on node 1 to a pod on node 2 answers from the Service address
+/// (the reply is translated back), and a FORWARD rule that drops traffic
+/// between two pods keeps dropping it.
+#[test]
+fn netfilter_keeps_its_verdicts_under_auto() {
+    let c = two_nodes(&[]);
+    let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
+    let (client, server) = (&n1.node.pods[0], &n2.node.pods[0]);
+    let service: Ipv4Addr = "10.96.0.10".parse().unwrap();
+    n1.node
+        .ns
+        .exec(
+            "iptables",
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "PREROUTING",
+                "-d",
+                "10.96.0.10",
+                "-p",
+                "tcp",
+                "--dport",
+                "80",
+                "-j",
+                "DNAT",
+                "--to-destination",
+                &format!("{}:8080", server.ip),
+            ],
+        )
+        .unwrap();
+    let srv = echo_server(&server.ns, server.ip, 8080);
+    let reply = client
+        .ns
+        .spawn_thread(move || {
+            let mut s = TcpStream::connect_timeout(&(service, 80).into(), Duration::from_secs(5))
+                .expect("connect to the service address");
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let peer = s.peer_addr().unwrap();
+            // Enough traffic for the flow to be past its first packets.
+            s.write_all(b"hello through the service").unwrap();
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).unwrap();
+            (peer, String::from_utf8_lossy(&buf[..n]).into_owned())
+        })
+        .join()
+        .unwrap();
+    assert!(srv.join().unwrap());
+    assert_eq!(
+        reply.0,
+        (service, 80).into(),
+        "the reply comes from the service address"
+    );
+    assert_eq!(reply.1, "hello through the service");
+
+    // FORWARD drops client -> server2 on node 2; client -> server still flows.
+    let server2 = &n2.node.pods[1];
+    n2.node
+        .ns
+        .exec(
+            "iptables",
+            &[
+                "-I",
+                "FORWARD",
+                "-s",
+                &client.ip.to_string(),
+                "-d",
+                &server2.ip.to_string(),
+                "-j",
+                "DROP",
+            ],
+        )
+        .unwrap();
+    assert!(!ping(&client.ns, server2.ip, 2), "ICMP stays dropped");
+    let listening = echo_server(&server2.ns, server2.ip, 9);
+    let connected = client
+        .ns
+        .spawn_thread({
+            let ip = server2.ip;
+            move || TcpStream::connect_timeout(&(ip, 9).into(), Duration::from_secs(3)).is_ok()
+        })
+        .join()
+        .unwrap();
+    assert!(!connected, "TCP stays dropped");
+    assert!(!listening.join().unwrap(), "no connection reached the pod");
+    let (n, ok) =
+        weft_tests::traffic::tcp_transfer(&server.ns, server.ip, 5220, &client.ns, 10 << 20);
+    assert!(n == 10 << 20 && ok, "the other pod still gets traffic");
+    assert_eq!(
+        weft_tests::traffic::udp_transfer(&server2.ns, server2.ip, 5221, &client.ns, 50, 100),
+        0,
+        "UDP stays dropped"
+    );
+}

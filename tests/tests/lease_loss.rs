@@ -1,0 +1,120 @@
+//! A node that loses its lease to another node: the new owner becomes its
+//! peer, and it moves to another subnet, not ready while its pods still
+//! hold addresses of the old one.
+
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use weft_tests::{
+    agent::eventually,
+    cluster::ping,
+    weft_cluster::{PREFIX, WeftCluster, http_get},
+};
+
+const T: Duration = Duration::from_secs(30);
+
+#[test]
+fn a_lost_subnet_taken_by_another_node_is_programmed_and_the_old_pods_hold_readiness() {
+    let mut c = WeftCluster::new(0, &[]).unwrap();
+    c.add_node(1, &["--subnet-lease-ttl", "4"]).unwrap();
+    c.add_node(2, &[]).unwrap();
+    eventually("peers programmed", T, || {
+        c.nodes
+            .iter()
+            .all(|n| n.peer_subnets().len() == 1)
+            .then_some(())
+    });
+    let old = c.nodes[0].subnet;
+    let old_key = c.nodes[0].lease_key();
+
+    // Node 1 is paused past its TTL; its key expires; an operator reserves
+    // that subnet for node 3, which takes it.
+    c.nodes[0].agent.pause();
+    eventually("node 1's key expires", T, || {
+        c.etcd
+            .etcdctl(&["get", &old_key, "--print-value-only"])
+            .ok()
+            .filter(|v| v.trim().is_empty())
+    });
+    c.etcd
+        .etcdctl(&["put", &old_key, r#"{"PublicIP":"198.18.0.3"}"#])
+        .unwrap();
+    c.add_node(3, &[]).unwrap();
+    assert_eq!(c.nodes[2].subnet, old, "node 3 took node 1's old subnet");
+
+    // Node 1 comes back: it notices, moves to another subnet, and programs
+    // node 3 as the owner of its old subnet.
+    c.nodes[0].agent.resume();
+    c.nodes[0].agent.wait_log("SUBNET LEASE LOST", T).unwrap();
+    let line = c.nodes[0].agent.wait_subnet_written(2, T).unwrap();
+    let new: Ipv4Net = {
+        let (ip, len) = line.split_once('/').unwrap();
+        Ipv4Net::new(ip.parse().unwrap(), len.parse().unwrap())
+            .unwrap()
+            .trunc()
+    };
+    assert_ne!(new, old);
+    eventually("node 1 has node 3's subnet in its map", T, || {
+        c.nodes[0].peer_subnets().contains(&old).then_some(())
+    });
+    let n1 = &c.nodes[0];
+    // Its two pods still have addresses of the old subnet: not ready.
+    let get = |p: &str| http_get(&n1.node.ns, n1.node.ip, 9090, p).unwrap();
+    eventually("node 1 reports its pods on the old subnet", T, || {
+        get("/metrics")
+            .1
+            .lines()
+            .any(|l| l == "weft_old_subnet_pods 2")
+            .then_some(())
+    });
+    assert!(get("/readyz").0.contains("503"), "not ready");
+    let status = n1.weft(&["status"]).unwrap();
+    println!("{status}");
+    assert!(status.contains("NOT READY"), "{status}");
+    assert!(
+        status.contains(&format!("2 local pod(s) to leave the old subnet {old}")),
+        "{status}"
+    );
+    // Its old pods' subnet is still on cni0: the route to node 3's subnet
+    // would replace that connected route, so Weft leaves it and says why.
+    assert!(
+        status.contains(&old.to_string()) && status.contains("route"),
+        "{status}"
+    );
+    // Node 2 reaches node 3's pods (the new owner), in place of node 1's.
+    let p3 = c.nodes[2].node.pods[0].ip;
+    assert!(ping(&c.nodes[1].node.pods[0].ns, p3, 2), "node 2 -> node 3");
+
+    // The operator does what the README says: recreate the pods (CNI DEL,
+    // then ADD on the new subnet) and drop the old gateway from cni0.
+    let n1 = &mut c.nodes[0];
+    n1.node.del_pod(1).unwrap();
+    n1.node.del_pod(0).unwrap();
+    n1.node.ns.ip(&["addr", "flush", "dev", "cni0"]).unwrap();
+    eventually("node 1 is ready again", T, || {
+        (http_get(&n1.node.ns, n1.node.ip, 9090, "/readyz")
+            .map(|(s, _)| s.contains("200"))
+            .unwrap_or(false))
+        .then_some(())
+    });
+    n1.subnet = new;
+    n1.use_cni();
+    n1.node.add_pod().unwrap();
+    let p1 = c.nodes[0].node.pods[0].ip;
+    assert!(new.contains(&p1));
+    eventually("node 1's pod reaches node 3's pod", T, || {
+        ping(&c.nodes[0].node.pods[0].ns, p3, 1).then_some(())
+    });
+    assert!(ping(&c.nodes[2].node.pods[0].ns, p1, 2), "node 3 -> node 1");
+    assert!(ping(&c.nodes[1].node.pods[0].ns, p1, 2), "node 2 -> node 1");
+    let leases = c
+        .etcd
+        .etcdctl(&[
+            "get",
+            "--prefix",
+            &format!("{PREFIX}/subnets/"),
+            "--keys-only",
+        ])
+        .unwrap();
+    assert_eq!(leases.lines().filter(|l| !l.is_empty()).count(), 3);
+}

@@ -1,0 +1,219 @@
+//! Everything in etcd is untrusted input: leases that would hijack a route
+//! or stop an agent are rejected with a reason, on the eBPF datapath, while
+//! honest leases keep working.
+
+use std::time::Duration;
+
+use weft_tests::{
+    agent::eventually,
+    weft_cluster::{ETCD_IP, PREFIX, WeftCluster, WeftNode, http_get},
+};
+
+const T: Duration = Duration::from_secs(30);
+
+fn lease(ip: &str, mac: &str) -> String {
+    format!(
+        r#"{{"PublicIP":"{ip}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{mac}"}}}}"#
+    )
+}
+
+/// Whether Weft routes exactly `prefix` on the node (its protocol, or its
+/// device).
+fn has_weft_route(n: &WeftNode, prefix: &str) -> bool {
+    let routes = n.node.ns.ip(&["route", "show", "exact", prefix]).unwrap();
+    routes.contains("proto 44") || routes.contains("weft.1")
+}
+
+fn etcd_reachable(n: &WeftNode) -> bool {
+    n.node
+        .ns
+        .command("etcdctl")
+        .args([
+            "--endpoints",
+            &format!("http://{ETCD_IP}:2379"),
+            "--command-timeout",
+            "3s",
+            "endpoint",
+            "health",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn metric(n: &WeftNode, name: &str) -> Option<f64> {
+    let (_, body) = http_get(&n.node.ns, n.node.ip, 9090, "/metrics").ok()?;
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A table of hostile leases, written one after another into a running
+/// 2-node cluster: each is rejected by every agent with its reason; after
+/// each, both agents run, both nodes reach etcd, every honest pod pair is
+/// reachable, and no route and no map entry exists for the hostile prefix.
+/// A node that joins at the end is programmed by both.
+#[test]
+fn hostile_leases_are_rejected_and_never_stop_the_network() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    eventually("peers programmed", T, || {
+        c.nodes
+            .iter()
+            .all(|n| n.peer_subnets().len() == 1)
+            .then_some(())
+    });
+    c.all_pairs_reach().unwrap();
+    let n1_ip = c.nodes[0].node.ip.to_string();
+    let n2_subnet = c.nodes[1].subnet;
+    let n2_25 = format!("{}-25", n2_subnet.network());
+    let good_mac = "02:aa:00:00:00:01";
+    // (key suffix, value, the prefix that must never be routed, reason on
+    // node 1, reason on node 2)
+    let table: Vec<(String, String, String, &str, &str)> = vec![
+        (
+            "198.18.0.0-24".into(),
+            lease("198.18.0.77", good_mac),
+            "198.18.0.0/24".into(),
+            "outside_network",
+            "outside_network",
+        ),
+        (
+            "0.0.0.0-1".into(),
+            lease("198.18.0.77", good_mac),
+            "0.0.0.0/1".into(),
+            "outside_network",
+            "outside_network",
+        ),
+        (
+            "127.0.0.0-8".into(),
+            lease("198.18.0.77", good_mac),
+            "127.0.0.0/8".into(),
+            "outside_network",
+            "outside_network",
+        ),
+        (
+            n2_25.clone(),
+            lease("198.18.0.77", good_mac),
+            n2_25.replace('-', "/"),
+            "subnet_len",
+            "subnet_len",
+        ),
+        (
+            "10.99.0.0-24".into(),
+            lease("198.18.0.77", good_mac),
+            "10.99.0.0/24".into(),
+            "outside_network",
+            "outside_network",
+        ),
+        (
+            "10.244.200.0-24".into(),
+            lease("127.0.0.1", good_mac),
+            "10.244.200.0/24".into(),
+            "public_ip",
+            "public_ip",
+        ),
+        (
+            "10.244.201.0-24".into(),
+            lease("0.0.0.0", good_mac),
+            "10.244.201.0/24".into(),
+            "public_ip",
+            "public_ip",
+        ),
+        (
+            "10.244.202.0-24".into(),
+            lease("224.0.0.5", good_mac),
+            "10.244.202.0/24".into(),
+            "public_ip",
+            "public_ip",
+        ),
+        (
+            "10.244.203.0-24".into(),
+            lease(&n1_ip, good_mac),
+            "10.244.203.0/24".into(),
+            "public_ip_ours",
+            "public_ip_taken",
+        ),
+        (
+            "10.244.204.0-24".into(),
+            lease("198.18.0.78", "01:00:5e:00:00:01"),
+            "10.244.204.0/24".into(),
+            "vtep_mac",
+            "vtep_mac",
+        ),
+        (
+            "0.0.0.0-0".into(),
+            lease("198.18.0.77", good_mac),
+            "0.0.0.0/0".into(),
+            "outside_network",
+            "outside_network",
+        ),
+    ];
+    for (suffix, value, prefix, why1, why2) in &table {
+        let key = format!("{PREFIX}/subnets/{suffix}");
+        println!("hostile lease {key}: {value}");
+        c.etcd.etcdctl(&["put", &key, value]).unwrap();
+        for (n, why) in c.nodes.iter().zip([why1, why2]) {
+            eventually(
+                &format!("{} rejects {key} ({why})", n.agent.name),
+                T,
+                || {
+                    n.agent
+                        .log()
+                        .lines()
+                        .any(|l| {
+                            l.contains("rejecting lease")
+                                && l.contains(&format!("key={key} "))
+                                && l.contains(&format!("reason={why}"))
+                        })
+                        .then_some(())
+                },
+            );
+        }
+        for n in c.nodes.iter_mut() {
+            assert!(n.agent.running(), "{} stopped after {key}", n.agent.name);
+            assert!(etcd_reachable(n), "{} lost etcd after {key}", n.agent.name);
+            assert!(
+                !has_weft_route(n, prefix),
+                "{} routes {prefix}",
+                n.agent.name
+            );
+            assert!(
+                !n.peer_subnets().iter().any(|s| s.to_string() == *prefix),
+                "{} has {prefix} in its map",
+                n.agent.name
+            );
+            assert_eq!(n.peer_subnets().len(), 1, "only the honest peer");
+        }
+        // The underlay and etcd are still reached the way they were.
+        let via = c.nodes[0].node.ns.ip(&["route", "get", ETCD_IP]).unwrap();
+        assert!(via.contains("dev eth0"), "{via}");
+        c.all_pairs_reach().unwrap();
+    }
+    for n in &c.nodes {
+        assert!(metric(n, "weft_leases_rejected{reason=\"outside_network\"}").unwrap() >= 5.0);
+    }
+    // `weft leases` shows them as rejected.
+    let out = c.nodes[0]
+        .weft(&[
+            "leases",
+            "--etcd-endpoints",
+            &format!("http://{ETCD_IP}:2379"),
+        ])
+        .unwrap();
+    println!("{out}");
+    assert!(out.contains("rejected (outside_network)"), "{out}");
+    assert!(out.contains("rejected (vtep_mac)"), "{out}");
+
+    // A node that joins afterwards is programmed by both.
+    c.add_node(3, &[]).unwrap();
+    let s3 = c.nodes[2].subnet;
+    eventually("both program the new node", T, || {
+        c.nodes[..2]
+            .iter()
+            .all(|n| n.peer_subnets().contains(&s3))
+            .then_some(())
+    });
+    c.all_pairs_reach().unwrap();
+}

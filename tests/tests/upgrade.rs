@@ -1,0 +1,197 @@
+//! Agents started over pinned maps of another layout: from the previous
+//! layout version (an upgrade), of a higher version (a downgrade), or of
+//! this version with another shape. Maps that do not fit are replaced and
+//! filled again; traffic keeps flowing and nothing crash-loops.
+
+use std::{path::Path, time::Duration};
+
+use weft_tests::{
+    agent::eventually,
+    cluster::ping,
+    proc::run,
+    traffic::{ping_outcome, ping_run},
+    weft_cluster::{WeftCluster, WeftNode},
+};
+
+const T: Duration = Duration::from_secs(30);
+
+fn bpftool(args: &[&str]) {
+    run("bpftool", args).unwrap();
+}
+
+/// (type, key size, value size, max entries) of a pinned map.
+fn layout(pin: &Path) -> (String, u64, u64, u64) {
+    let out = run(
+        "bpftool",
+        &["-j", "map", "show", "pinned", pin.to_str().unwrap()],
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    (
+        v["type"].as_str().unwrap().to_string(),
+        v["bytes_key"].as_u64().unwrap(),
+        v["bytes_value"].as_u64().unwrap(),
+        v["max_entries"].as_u64().unwrap(),
+    )
+}
+
+fn wait_up(n: &WeftNode, times: usize) {
+    n.agent.wait_log_count("dataplane up", times, T).unwrap();
+}
+
+/// From layout version 1 (maps pinned in `maps/`, a counters map with
+/// fewer reasons) to this version, under a running ping: the peers are
+/// carried over before the new programs go in, so nothing is lost. Pins of
+/// a higher version are removed.
+#[test]
+fn an_upgrade_from_the_previous_layout_loses_no_packet() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    eventually("peers programmed", T, || {
+        c.nodes
+            .iter()
+            .all(|n| n.peer_subnets().len() == 1)
+            .then_some(())
+    });
+    let dst = c.nodes[1].node.pods[0].ip;
+    for n in c.nodes.iter_mut() {
+        n.agent.kill();
+    }
+    // What version 1 left behind: the same maps in `maps/`, a counters map
+    // for 10 reasons; and pins of a layout from the future.
+    for n in &c.nodes {
+        let root = n.pins.path();
+        std::fs::rename(root.join("maps-v2"), root.join("maps")).unwrap();
+        let counters = root.join("maps/WEFT_COUNTERS");
+        std::fs::remove_file(&counters).unwrap();
+        bpftool(&[
+            "map",
+            "create",
+            counters.to_str().unwrap(),
+            "type",
+            "percpu_array",
+            "key",
+            "4",
+            "value",
+            "16",
+            "entries",
+            "10",
+            "name",
+            "WEFT_COUNTERS",
+        ]);
+        std::fs::create_dir(root.join("maps-v99")).unwrap();
+        bpftool(&[
+            "map",
+            "create",
+            root.join("maps-v99/WEFT_PEERS").to_str().unwrap(),
+            "type",
+            "hash",
+            "key",
+            "4",
+            "value",
+            "64",
+            "entries",
+            "8",
+            "name",
+            "WEFT_PEERS",
+        ]);
+    }
+    let pinger = ping_run(&c.nodes[0].node.pods[0].ns, dst, 500);
+    std::thread::sleep(Duration::from_millis(500));
+    for n in c.nodes.iter_mut() {
+        n.agent.restart().unwrap();
+    }
+    for n in &c.nodes {
+        wait_up(n, 2);
+        n.agent
+            .wait_log("carrying the map over from layout version 1", T)
+            .unwrap();
+        n.agent.wait_log("carried the peers over", T).unwrap();
+    }
+    let (sent, got) = ping_outcome(pinger);
+    assert_eq!((sent, got), (500, 500), "no packet lost across the upgrade");
+    for n in c.nodes.iter_mut() {
+        let root = n.pins.path();
+        assert!(!root.join("maps").exists(), "version 1's pins are gone");
+        assert!(
+            !root.join("maps-v99").exists(),
+            "version 99's pins are gone"
+        );
+        assert_eq!(
+            layout(&root.join("maps-v2/WEFT_COUNTERS")).3,
+            dataplane_common::Reason::COUNT as u64
+        );
+        assert_eq!(n.peer_subnets().len(), 1);
+        assert!(n.agent.running(), "{} keeps running", n.agent.name);
+        assert_eq!(
+            n.agent.log().matches("weft::agent: starting").count(),
+            2,
+            "no crash loop"
+        );
+    }
+    assert!(ping(
+        &c.nodes[1].node.pods[0].ns,
+        c.nodes[0].node.pods[0].ip,
+        2
+    ));
+}
+
+/// A map of this version's name with another shape (another value size) is
+/// replaced, not reused, and filled again from etcd.
+#[test]
+fn a_pinned_map_of_another_shape_is_replaced() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    eventually("peers programmed", T, || {
+        c.nodes
+            .iter()
+            .all(|n| n.peer_subnets().len() == 1)
+            .then_some(())
+    });
+    let n1 = &mut c.nodes[0];
+    n1.agent.kill();
+    let peers = n1.pins.path().join("maps-v2/WEFT_PEERS");
+    std::fs::remove_file(&peers).unwrap();
+    bpftool(&[
+        "map",
+        "create",
+        peers.to_str().unwrap(),
+        "type",
+        "lpm_trie",
+        "key",
+        "8",
+        "value",
+        "16",
+        "entries",
+        "16",
+        "name",
+        "WEFT_PEERS",
+        "flags",
+        "1",
+    ]);
+    assert_eq!(layout(&peers), ("lpm_trie".into(), 8, 16, 16));
+    n1.agent.restart().unwrap();
+    wait_up(n1, 2);
+    n1.agent.wait_log("has another layout", T).unwrap();
+    let want = (
+        "lpm_trie".to_string(),
+        8,
+        std::mem::size_of::<dataplane_common::Vtep>() as u64,
+        dataplane_common::MAX_PEERS as u64,
+    );
+    assert_eq!(layout(&peers), want);
+    eventually("node 1 programs its peer again", T, || {
+        (c.nodes[0].peer_subnets().len() == 1).then_some(())
+    });
+    assert!(ping(
+        &c.nodes[0].node.pods[0].ns,
+        c.nodes[1].node.pods[0].ip,
+        2
+    ));
+    std::thread::sleep(Duration::from_secs(2));
+    let n1 = &mut c.nodes[0];
+    assert!(n1.agent.running());
+    assert_eq!(
+        n1.agent.log().matches("weft::agent: starting").count(),
+        2,
+        "no crash loop"
+    );
+}
