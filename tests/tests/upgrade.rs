@@ -53,6 +53,7 @@ fn an_upgrade_from_the_previous_layout_loses_no_packet() {
             .then_some(())
     });
     let dst = c.nodes[1].node.pods[0].ip;
+    let peers: Vec<_> = c.nodes.iter().map(|n| n.peer_subnets()[0]).collect();
     for n in c.nodes.iter_mut() {
         n.agent.kill();
     }
@@ -95,6 +96,25 @@ fn an_upgrade_from_the_previous_layout_loses_no_packet() {
             "WEFT_PEERS",
         ]);
     }
+    // Version 1's routes named a gateway (flannel's `via <subnet>.0
+    // onlink`); this version's do not.
+    for (n, peer) in c.nodes.iter().zip(&peers) {
+        n.node
+            .ns
+            .ip(&[
+                "route",
+                "replace",
+                &peer.to_string(),
+                "via",
+                &peer.network().to_string(),
+                "dev",
+                "weft.1",
+                "onlink",
+                "proto",
+                "44",
+            ])
+            .unwrap();
+    }
     let pinger = ping_run(&c.nodes[0].node.pods[0].ns, dst, 500);
     std::thread::sleep(Duration::from_millis(500));
     for n in c.nodes.iter_mut() {
@@ -121,6 +141,11 @@ fn an_upgrade_from_the_previous_layout_loses_no_packet() {
             dataplane_common::Reason::COUNT as u64
         );
         assert_eq!(n.peer_subnets().len(), 1);
+        let peer = n.peer_subnets()[0].to_string();
+        eventually("the route in this version's form", T, || {
+            let r = n.node.ns.ip(&["route", "show", &peer]).unwrap();
+            (r.contains("dev weft.1") && !r.contains("via")).then_some(())
+        });
         assert!(n.agent.running(), "{} keeps running", n.agent.name);
         assert_eq!(
             n.agent.log().matches("weft::agent: starting").count(),

@@ -817,9 +817,12 @@ impl Overlay {
 
     /// Makes the kernel's Weft routes match the peer table.
     async fn reconcile_routes(&mut self) -> Result<()> {
-        let want: HashSet<Route> = self.peers.values().map(|p| self.route_for(p)).collect();
+        // Routes to no peer go; a peer's route in another form (an older
+        // version's, a peer that became direct) is replaced in place below,
+        // never deleted first, so its traffic does not stop.
         for r in self.nl.weft_routes().await? {
-            if !want.contains(&r) {
+            let peer = Ipv4Net::new(r.dst, r.prefix_len).ok();
+            if !peer.is_some_and(|s| self.peers.contains_key(&s)) {
                 self.nl.del_route(&r).await?;
             }
         }
@@ -835,13 +838,21 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| s.spawn(f).join().expect("loader thread panicked"))
 }
 
+/// A peer's route through the overlay device: `<subnet> dev weft.1 scope
+/// link`, without flannel's `via <subnet>.0 onlink`. The encapsulation finds
+/// the peer from the packet's destination, so no gateway is needed, and the
+/// kernel shares one nexthop among all such routes; with a gateway each route
+/// gets a nexthop of its own, and the kernel's nexthop table hashes them all
+/// into one chain (the gateway is not in its hash): adding 20,000 such
+/// routes took 5.7 s against 0.24 s without gateways, and quadratically more
+/// beyond.
 fn route_for(p: &Peer, device_index: u32) -> Route {
     Route {
         dst: p.subnet.network(),
         prefix_len: p.subnet.prefix_len(),
-        gateway: Some(p.subnet.network()),
+        gateway: None,
         oif: device_index,
-        onlink: true,
+        onlink: false,
     }
 }
 

@@ -64,7 +64,9 @@ pub async fn run(args: &[String]) -> Result<()> {
         bail!("--leases {n_leases}: at most 55000 fit in the bench's network");
     }
     let c = tokio::task::block_in_place(|| {
-        WeftCluster::with_config(3, CONFIG, &["--log-level", "info"])
+        // WEFT_BENCH_LOG=debug to see every peer the agents program.
+        let level = std::env::var("WEFT_BENCH_LOG").unwrap_or_else(|_| "info".into());
+        WeftCluster::with_config(3, CONFIG, &["--log-level", &level])
     })?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while !c.nodes.iter().all(|n| n.peer_subnets().len() == 2) {
@@ -152,10 +154,36 @@ pub async fn run(args: &[String]) -> Result<()> {
         Err(e) => {
             // What the agent said (debug lines left out), to see why.
             let log = c.nodes[0].agent.log();
+            let _ = std::fs::write("/tmp/weft-bench-agent-node-1.log", &log);
+            eprintln!("the whole agent log: /tmp/weft-bench-agent-node-1.log");
             let said: Vec<&str> = log.lines().filter(|l| !l.contains("DEBUG")).collect();
             eprintln!("--- agent node-1 (last 40 lines of info and above) ---");
             for l in &said[said.len().saturating_sub(40)..] {
                 eprintln!("{l}");
+            }
+            // Busy or waiting: CPU time used over one second, and where
+            // the agent's threads sleep.
+            let cpu = || -> u64 {
+                std::fs::read_to_string(format!("/proc/{agent_pid}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+                        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+                    })
+                    .unwrap_or(0)
+            };
+            let before = cpu();
+            std::thread::sleep(Duration::from_secs(1));
+            eprintln!("agent node-1: {} clock ticks of CPU in 1 s", cpu() - before);
+            if let Ok(tasks) = std::fs::read_dir(format!("/proc/{agent_pid}/task")) {
+                for t in tasks.flatten() {
+                    let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
+                    let stack = std::fs::read_to_string(t.path().join("stack")).unwrap_or_default();
+                    eprintln!(
+                        "thread {}: wchan {wchan}\n{stack}",
+                        t.file_name().to_string_lossy()
+                    );
+                }
             }
             let m = c.nodes[0].metrics();
             let mut series: Vec<_> = m
