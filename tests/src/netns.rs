@@ -51,6 +51,22 @@ impl Netns {
         run("ip", &full)
     }
 
+    /// Drops this namespace's outgoing TCP to `port` (table `inet cut`),
+    /// e.g. to cut a node off from etcd; [`Netns::uncut`] undoes it.
+    pub fn cut_tcp_out(&self, port: u16) -> Result<()> {
+        self.exec("nft", &["add", "table", "inet", "cut"])?;
+        let chain = format!(
+            "{{ type filter hook output priority 0; policy accept; tcp dport {port} drop; }}"
+        );
+        self.exec("nft", &["add", "chain", "inet", "cut", "out", &chain])?;
+        Ok(())
+    }
+
+    pub fn uncut(&self) -> Result<()> {
+        self.exec("nft", &["delete", "table", "inet", "cut"])?;
+        Ok(())
+    }
+
     pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
         self.exec("sysctl", &["-qw", &format!("{key}={value}")])?;
         Ok(())

@@ -139,6 +139,17 @@ impl WeftCluster {
         Ok(self.nodes.last_mut().unwrap())
     }
 
+    /// Waits until every node has every other node in its peer map.
+    pub fn wait_meshed(&self, within: Duration) {
+        let others = self.nodes.len() - 1;
+        crate::agent::eventually("every node has every other as its peer", within, || {
+            self.nodes
+                .iter()
+                .all(|n| n.peer_subnets().len() == others)
+                .then_some(())
+        });
+    }
+
     pub fn pod_ips(&self) -> Vec<Ipv4Addr> {
         self.nodes
             .iter()
@@ -194,6 +205,14 @@ impl WeftNode {
     /// One series of [`WeftNode::metrics`] (0 when absent).
     pub fn metric(&self, series: &str) -> f64 {
         self.metrics().get(series).copied().unwrap_or(0.0)
+    }
+
+    /// One series of the agent's metrics; None when the agent does not
+    /// answer or does not export it.
+    pub fn series(&self, series: &str) -> Option<f64> {
+        let (_, body) = http_get(&self.node.ns, self.node.ip, 9090, "/metrics").ok()?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
     /// Runs `weft ARGS` inside this node's namespace, pointed at this node's

@@ -19,12 +19,7 @@ const T: Duration = Duration::from_secs(30);
 #[test]
 fn cluster_from_cold_join_and_lease_deletion() {
     let mut c = WeftCluster::new(3, &[]).unwrap();
-    eventually("all 3 nodes see each other", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 2)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     c.all_pairs_reach().unwrap();
     for n in &c.nodes {
         n.agent.wait_log("acquired the subnet lease", T).unwrap();
@@ -98,12 +93,7 @@ fn cluster_from_cold_join_and_lease_deletion() {
 #[test]
 fn agent_restarts_lose_no_packets() {
     let mut c = WeftCluster::new(2, &[]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     let dst = c.nodes[1].node.pods[1].ip;
     assert!(ping(&c.nodes[0].node.pods[0].ns, dst, 2));
     let pinger = ping_run(&c.nodes[0].node.pods[0].ns, dst, 800);
@@ -165,12 +155,7 @@ fn agent_restarts_lose_no_packets() {
 #[test]
 fn restart_resyncs_vanished_peers() {
     let mut c = WeftCluster::new(3, &[]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 2)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     c.nodes[0].agent.kill();
     // Node 3 goes away for good while node 1's agent is down.
     c.nodes[2].agent.kill();
@@ -197,12 +182,7 @@ fn restart_resyncs_vanished_peers() {
 #[test]
 fn etcd_outage_of_60_seconds() {
     let c = WeftCluster::new(2, &["--subnet-lease-ttl", "120"]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     let (src, dst) = (&c.nodes[0].node.pods[0], c.nodes[1].node.pods[0].ip);
     let pinger = src
         .ns
@@ -267,12 +247,7 @@ fn etcd_outage_of_60_seconds() {
 #[test]
 fn metrics_status_and_teardown() {
     let c = WeftCluster::new(2, &[]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     let n1 = &c.nodes[0];
     let get = |p: &str| http_get(&n1.node.ns, n1.node.ip, 9090, p).unwrap();
     assert_eq!(get("/healthz").0, "HTTP/1.1 200 OK");

@@ -5,7 +5,7 @@
 use std::{path::Path, time::Duration};
 
 use weft_tests::{
-    agent::{eventually, weft_bin},
+    agent::weft_bin,
     weft_cluster::{ETCD_IP, WeftCluster, WeftNode},
 };
 
@@ -84,12 +84,7 @@ fn doctor_finds_what_is_broken() {
         n.use_cni();
         n.node.add_pod().unwrap();
     }
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     let n = &c.nodes[0];
     // The node's bpffs is shared, as a host's /sys/fs/bpf is (on the host:
     // `ip netns exec` gives each command a slave copy of its mounts).

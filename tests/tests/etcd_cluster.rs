@@ -205,6 +205,20 @@ fn add_node(c: &mut WeftCluster, i: u8, files: &SubnetFiles) {
     n.node.add_pod().unwrap();
 }
 
+/// Node `i` leaves as an operator removes one: its agent stopped, its lease
+/// deleted. Returns its subnet.
+fn node_leaves(c: &mut WeftCluster, i: usize, ec: &EtcdCluster) -> Ipv4Net {
+    let gone = c.nodes.remove(i);
+    let subnet = gone.subnet;
+    drop(gone);
+    ec.etcdctl(&[
+        "del",
+        &format!("{PREFIX}/subnets/{}", weft::lease::to_key(&subnet)),
+    ])
+    .unwrap();
+    subnet
+}
+
 /// Applies `fault` to the member node 1's watch is on, adds node `i`, and
 /// checks that node 1 programs it within 10 s; then reconnects the member.
 fn joiner_seen_despite(
@@ -279,14 +293,7 @@ fn a_three_member_cluster_through_member_faults() {
     converged(&c, T);
 
     // Node 3 leaves (stopped, its lease deleted as an operator does).
-    let gone = c.nodes.remove(2);
-    let gone_subnet = gone.subnet;
-    drop(gone);
-    ec.etcdctl(&[
-        "del",
-        &format!("{PREFIX}/subnets/{}", weft::lease::to_key(&gone_subnet)),
-    ])
-    .unwrap();
+    node_leaves(&mut c, 2, &ec);
     converged(&c, T);
 
     // Every member stops for 60 s: not one packet lost between pods, and
@@ -340,45 +347,15 @@ fn a_three_member_cluster_through_member_faults() {
 
     // Node 1 cut off from etcd while a node leaves and one joins, and the
     // history is compacted: on return it resyncs from a fresh list.
-    c.nodes[0]
-        .node
-        .ns
-        .exec("nft", &["add", "table", "inet", "cut"])
-        .unwrap();
-    c.nodes[0]
-        .node
-        .ns
-        .exec(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "inet",
-                "cut",
-                "out",
-                "{ type filter hook output priority 0; policy accept; tcp dport 2379 drop; }",
-            ],
-        )
-        .unwrap();
-    let gone = c.nodes.remove(1);
-    let gone_subnet = gone.subnet;
-    drop(gone);
-    ec.etcdctl(&[
-        "del",
-        &format!("{PREFIX}/subnets/{}", weft::lease::to_key(&gone_subnet)),
-    ])
-    .unwrap();
+    c.nodes[0].node.ns.cut_tcp_out(2379).unwrap();
+    let gone_subnet = node_leaves(&mut c, 1, &ec);
     add_node(&mut c, 7, &files);
     let rev = ec.etcdctl(&["get", "x", "-w", "json"]).unwrap();
     let rev = serde_json::from_str::<serde_json::Value>(&rev).unwrap()["header"]["revision"]
         .as_i64()
         .unwrap();
     ec.etcdctl(&["compact", &rev.to_string()]).unwrap();
-    c.nodes[0]
-        .node
-        .ns
-        .exec("nft", &["delete", "table", "inet", "cut"])
-        .unwrap();
+    c.nodes[0].node.ns.uncut().unwrap();
     converged(&c, T);
     assert!(!c.nodes[0].peer_subnets().contains(&gone_subnet));
     assert!(

@@ -116,20 +116,7 @@ fn mutual_tls_with_auth_and_the_node_role() {
         (peers(&n1) == 1.0).then_some(())
     });
     std::thread::sleep(Duration::from_secs(5));
-    n1.ns.exec("nft", &["add", "table", "inet", "cut"]).unwrap();
-    n1.ns
-        .exec(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "inet",
-                "cut",
-                "out",
-                "{ type filter hook output priority 0; policy accept; tcp dport 2379 drop; }",
-            ],
-        )
-        .unwrap();
+    n1.ns.cut_tcp_out(2379).unwrap();
     let n3 = Node::new(&c.underlay, 3).unwrap();
     let a3 = agent(&n3, "node-3", &good);
     a3.wait_subnet(T).unwrap();
@@ -137,9 +124,7 @@ fn mutual_tls_with_auth_and_the_node_role() {
         (peers(&n2) == 2.0).then_some(())
     });
     std::thread::sleep(Duration::from_secs(3));
-    n1.ns
-        .exec("nft", &["delete", "table", "inet", "cut"])
-        .unwrap();
+    n1.ns.uncut().unwrap();
     eventually("node 1 sees node 3 after its token expired", T, || {
         (peers(&n1) == 2.0).then_some(())
     });

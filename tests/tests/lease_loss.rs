@@ -18,12 +18,7 @@ fn a_lost_subnet_taken_by_another_node_is_programmed_and_the_old_pods_hold_readi
     let mut c = WeftCluster::new(0, &[]).unwrap();
     c.add_node(1, &["--subnet-lease-ttl", "4"]).unwrap();
     c.add_node(2, &[]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     let old = c.nodes[0].subnet;
     let old_key = c.nodes[0].lease_key();
 

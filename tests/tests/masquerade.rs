@@ -25,12 +25,7 @@ fn outside(c: &WeftCluster) -> Netns {
 }
 
 fn peers_programmed(c: &WeftCluster) {
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == c.nodes.len() - 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
 }
 
 fn forward_rules(n: &WeftNode) -> usize {

@@ -7,20 +7,10 @@ use std::time::Duration;
 use weft_tests::{
     agent::eventually,
     cluster::ping,
-    weft_cluster::{PREFIX, WeftCluster, WeftNode, http_get},
+    weft_cluster::{PREFIX, WeftCluster},
 };
 
 const T: Duration = Duration::from_secs(30);
-
-fn metric(n: &WeftNode, name: &str) -> Option<f64> {
-    let (_, body) = http_get(&n.node.ns, n.node.ip, 9090, "/metrics").ok()?;
-    body.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
-}
 
 /// `--max-peers 2` on node 1 with three peers: two are programmed, one is
 /// skipped and reported; traffic to the two flows; when one of them leaves,
@@ -35,7 +25,7 @@ fn a_full_peer_map_skips_counts_reports_and_recovers() {
     let n1 = &c.nodes[0];
     eventually("node 1 programs two peers and reports the third", T, || {
         (n1.peer_subnets().len() == 2
-            && metric(n1, "weft_peer_problems{problem=\"map_full\"}") == Some(1.0))
+            && n1.series("weft_peer_problems{problem=\"map_full\"}") == Some(1.0))
         .then_some(())
     });
     let status = n1.weft(&["status"]).unwrap();
@@ -68,7 +58,7 @@ fn a_full_peer_map_skips_counts_reports_and_recovers() {
         n1.peer_subnets().contains(&skipped).then_some(())
     });
     eventually("no problem left", T, || {
-        (metric(n1, "weft_peer_problems{problem=\"map_full\"}") == Some(0.0)).then_some(())
+        (n1.series("weft_peer_problems{problem=\"map_full\"}") == Some(0.0)).then_some(())
     });
     let dst = c
         .nodes
@@ -105,7 +95,7 @@ fn a_route_weft_does_not_own_is_left_alone_and_retried() {
     assert_eq!(c.nodes[1].subnet.to_string(), reserved);
     let n1 = &c.nodes[0];
     eventually("node 1 reports the route conflict", T, || {
-        (metric(n1, "weft_peer_problems{problem=\"route\"}") == Some(1.0)).then_some(())
+        (n1.series("weft_peer_problems{problem=\"route\"}") == Some(1.0)).then_some(())
     });
     assert!(n1.peer_subnets().contains(&c.nodes[1].subnet), "in the map");
     let route = n1
@@ -135,7 +125,7 @@ fn a_route_weft_does_not_own_is_left_alone_and_retried() {
         r.contains("dev weft.1").then_some(())
     });
     assert_eq!(
-        metric(n1, "weft_peer_problems{problem=\"route\"}"),
+        n1.series("weft_peer_problems{problem=\"route\"}"),
         Some(0.0)
     );
     assert!(ping(&n1.node.pods[0].ns, c.nodes[1].node.pods[0].ip, 2));

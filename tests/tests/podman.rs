@@ -28,12 +28,7 @@ fn rootfs(dir: &Path) {
 #[test]
 fn a_podman_container_on_a_weft_network() {
     let c = WeftCluster::new(2, &[]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     let n1 = &c.nodes[0];
     let dir = std::env::temp_dir().join(weft_tests::unique("weft-podman-"));
     rootfs(&dir.join("rootfs"));

@@ -49,12 +49,7 @@ fn recovers(c: &WeftCluster, what: &str, break_it: impl FnOnce(&WeftNode)) -> Du
 #[test]
 fn removed_parts_of_the_dataplane_come_back_within_seconds() {
     let c = WeftCluster::new(2, &[]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     c.all_pairs_reach().unwrap();
 
     recovers(&c, "device", |n| {

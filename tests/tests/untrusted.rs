@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use weft_tests::{
     agent::eventually,
-    weft_cluster::{ETCD_IP, PREFIX, WeftCluster, WeftNode, http_get},
+    weft_cluster::{ETCD_IP, PREFIX, WeftCluster, WeftNode},
 };
 
 const T: Duration = Duration::from_secs(30);
@@ -40,16 +40,6 @@ fn etcd_reachable(n: &WeftNode) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn metric(n: &WeftNode, name: &str) -> Option<f64> {
-    let (_, body) = http_get(&n.node.ns, n.node.ip, 9090, "/metrics").ok()?;
-    body.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// A table of hostile leases, written one after another into a running
 /// 2-node cluster: each is rejected by every agent with its reason; after
 /// each, both agents run, both nodes reach etcd, every honest pod pair is
@@ -58,12 +48,7 @@ fn metric(n: &WeftNode, name: &str) -> Option<f64> {
 #[test]
 fn hostile_leases_are_rejected_and_never_stop_the_network() {
     let mut c = WeftCluster::new(2, &[]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     c.all_pairs_reach().unwrap();
     let n1_ip = c.nodes[0].node.ip.to_string();
     let n2_subnet = c.nodes[1].subnet;
@@ -192,7 +177,11 @@ fn hostile_leases_are_rejected_and_never_stop_the_network() {
         c.all_pairs_reach().unwrap();
     }
     for n in &c.nodes {
-        assert!(metric(n, "weft_leases_rejected{reason=\"outside_network\"}").unwrap() >= 5.0);
+        assert!(
+            n.series("weft_leases_rejected{reason=\"outside_network\"}")
+                .unwrap()
+                >= 5.0
+        );
     }
     // `weft leases` shows them as rejected.
     let out = c.nodes[0]

@@ -46,12 +46,7 @@ fn wait_up(n: &WeftNode, times: usize) {
 #[test]
 fn an_upgrade_from_the_previous_layout_loses_no_packet() {
     let mut c = WeftCluster::new(2, &[]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     let dst = c.nodes[1].node.pods[0].ip;
     let peers: Vec<_> = c.nodes.iter().map(|n| n.peer_subnets()[0]).collect();
     for n in c.nodes.iter_mut() {
@@ -165,12 +160,7 @@ fn an_upgrade_from_the_previous_layout_loses_no_packet() {
 #[test]
 fn a_pinned_map_of_another_shape_is_replaced() {
     let mut c = WeftCluster::new(2, &[]).unwrap();
-    eventually("peers programmed", T, || {
-        c.nodes
-            .iter()
-            .all(|n| n.peer_subnets().len() == 1)
-            .then_some(())
-    });
+    c.wait_meshed(T);
     let n1 = &mut c.nodes[0];
     n1.agent.kill();
     let peers = n1.pins.path().join("maps-v2/WEFT_PEERS");

@@ -369,8 +369,9 @@ pub(crate) fn remove_table(name: &str) -> Result<bool> {
     }
 }
 
-/// Whether the table `name` exists.
-pub(crate) fn has_table(name: &str) -> Result<bool> {
+/// Sends one nftables get request (outside a batch) and returns the
+/// messages the kernel answers with.
+fn query(msg: u16, flags: u16, attrs: &[Attr]) -> Result<Vec<Vec<u8>>> {
     let sock = Socket::open()?;
     let mut b = Batch {
         buf: Vec::new(),
@@ -378,14 +379,23 @@ pub(crate) fn has_table(name: &str) -> Result<bool> {
         acks: 0,
     };
     b.raw(
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE,
-        NLM_F_REQUEST | NLM_F_ACK,
+        (NFNL_SUBSYS_NFTABLES << 8) | msg,
+        flags,
         NFPROTO_IPV4,
         0,
-        &[Attr::Str(1, name.into())],
+        attrs,
     );
     sock.send(&b.buf)?;
-    match sock.dump() {
+    sock.dump()
+}
+
+/// Whether the table `name` exists.
+pub(crate) fn has_table(name: &str) -> Result<bool> {
+    match query(
+        NFT_MSG_GETTABLE,
+        NLM_F_REQUEST | NLM_F_ACK,
+        &[Attr::Str(1, name.into())],
+    ) {
         Ok(msgs) => Ok(!msgs.is_empty()),
         Err(e) if is_enoent(&e) => Ok(false),
         Err(e) => Err(e),
@@ -394,21 +404,11 @@ pub(crate) fn has_table(name: &str) -> Result<bool> {
 
 /// Whether a chain `chain` exists in table `table`.
 pub(crate) fn has_chain(table: &str, chain: &str) -> Result<bool> {
-    let sock = Socket::open()?;
-    let mut b = Batch {
-        buf: Vec::new(),
-        seq: 0,
-        acks: 0,
-    };
-    b.raw(
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
+    match query(
+        NFT_MSG_GETCHAIN,
         NLM_F_REQUEST | NLM_F_ACK,
-        NFPROTO_IPV4,
-        0,
         &[Attr::Str(1, table.into()), Attr::Str(3, chain.into())],
-    );
-    sock.send(&b.buf)?;
-    match sock.dump() {
+    ) {
         Ok(msgs) => Ok(!msgs.is_empty()),
         Err(e) if is_enoent(&e) => Ok(false),
         Err(e) => Err(e),
@@ -453,22 +453,12 @@ pub(crate) fn replace_rules_in(
 
 /// Handles of the rules of `table`/`chain` whose comment is `comment`.
 pub(crate) fn handles_with_comment(table: &str, chain: &str, comment: &str) -> Result<Vec<u64>> {
-    let sock = Socket::open()?;
-    let mut b = Batch {
-        buf: Vec::new(),
-        seq: 0,
-        acks: 0,
-    };
-    b.raw(
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETRULE,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        NFPROTO_IPV4,
-        0,
-        &[Attr::Str(1, table.into()), Attr::Str(2, chain.into())],
-    );
-    sock.send(&b.buf)?;
     let mut out = Vec::new();
-    for m in sock.dump()? {
+    for m in query(
+        NFT_MSG_GETRULE,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        &[Attr::Str(1, table.into()), Attr::Str(2, chain.into())],
+    )? {
         let attrs = parse_attrs(m.get(20..).unwrap_or_default());
         let same = |t: u16, want: &str| {
             attrs
