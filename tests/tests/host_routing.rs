@@ -198,25 +198,20 @@ fn endpoints_follow_pods() {
             .ok()?;
         (e.get(&ip)?.ifindex == idx).then_some(())
     });
-    let rx0 = c.nodes[1]
-        .node
-        .pods
-        .iter()
-        .find(|p| p.ns.name() == new_ns)
-        .unwrap()
-        .ns
-        .link_stat("eth0", "rx_packets")
-        .unwrap();
+    let new_pod_rx = || {
+        c.nodes[1]
+            .node
+            .pods
+            .iter()
+            .find(|p| p.ns.name() == new_ns)
+            .unwrap()
+            .ns
+            .link_stat("eth0", "rx_packets")
+            .unwrap()
+    };
+    let rx0 = new_pod_rx();
     assert!(from_remote(ip, &c), "the reused address answers");
-    let rx1 = c.nodes[1]
-        .node
-        .pods
-        .iter()
-        .find(|p| p.ns.name() == new_ns)
-        .unwrap()
-        .ns
-        .link_stat("eth0", "rx_packets")
-        .unwrap();
+    let rx1 = new_pod_rx();
     assert!(rx1 > rx0, "the new pod received it");
 
     // DEL without ADD: success, nothing changes.
