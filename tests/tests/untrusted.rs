@@ -54,6 +54,16 @@ fn hostile_leases_are_rejected_and_never_stop_the_network() {
     let n2_subnet = c.nodes[1].subnet;
     let n2_25 = format!("{}-25", n2_subnet.network());
     let good_mac = "02:aa:00:00:00:01";
+    // Hostile /24s inside Network that no node holds: a fixed subnet could
+    // be one a node drew at random, and writing over an honest lease is a
+    // lease loss (tested in lease_loss.rs), not a rejection.
+    let held: Vec<_> = c.nodes.iter().map(|n| n.subnet.to_string()).collect();
+    let free: Vec<String> = (200..=255)
+        .map(|i| format!("10.244.{i}.0"))
+        .filter(|s| !held.contains(&format!("{s}/24")))
+        .take(5)
+        .collect();
+    let hostile = |i: usize| (format!("{}-24", free[i]), format!("{}/24", free[i]));
     // (key suffix, value, the prefix that must never be routed, reason on
     // node 1, reason on node 2)
     let table: Vec<(String, String, String, &str, &str)> = vec![
@@ -93,37 +103,37 @@ fn hostile_leases_are_rejected_and_never_stop_the_network() {
             "outside_network",
         ),
         (
-            "10.244.200.0-24".into(),
+            hostile(0).0,
             lease("127.0.0.1", good_mac),
-            "10.244.200.0/24".into(),
+            hostile(0).1,
             "public_ip",
             "public_ip",
         ),
         (
-            "10.244.201.0-24".into(),
+            hostile(1).0,
             lease("0.0.0.0", good_mac),
-            "10.244.201.0/24".into(),
+            hostile(1).1,
             "public_ip",
             "public_ip",
         ),
         (
-            "10.244.202.0-24".into(),
+            hostile(2).0,
             lease("224.0.0.5", good_mac),
-            "10.244.202.0/24".into(),
+            hostile(2).1,
             "public_ip",
             "public_ip",
         ),
         (
-            "10.244.203.0-24".into(),
+            hostile(3).0,
             lease(&n1_ip, good_mac),
-            "10.244.203.0/24".into(),
+            hostile(3).1,
             "public_ip_ours",
             "public_ip_taken",
         ),
         (
-            "10.244.204.0-24".into(),
+            hostile(4).0,
             lease("198.18.0.78", "01:00:5e:00:00:01"),
-            "10.244.204.0/24".into(),
+            hostile(4).1,
             "vtep_mac",
             "vtep_mac",
         ),
