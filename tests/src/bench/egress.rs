@@ -106,7 +106,7 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 3]> {
     let _iperf = outside.spawn("iperf3", &["-s", "-p", "5201"])?;
     let _sockperf = outside.spawn(
         "sockperf",
-        &["sr", "-i", &OUTSIDE.to_string(), "-p", "11111"],
+        &["sr", "--tcp", "-i", &OUTSIDE.to_string(), "-p", "11111"],
     )?;
     std::thread::sleep(Duration::from_millis(500));
     let tcp = super::datapath::iperf_tcp(pod, OUTSIDE, 1, secs)?;
