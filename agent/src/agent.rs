@@ -13,7 +13,6 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use ipnet::Ipv4Net;
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
@@ -22,11 +21,11 @@ use tokio::{
 use crate::{
     cli::{AgentArgs, DatapathKind},
     cni,
-    dataplane::{Dataplane, DataplaneSpec, Netlink, PinDir},
+    dataplane::{Dataplane, DataplaneSpec, Netlink, OwnSubnets, PinDir},
     dataplane::{HostRouting, PeerUpdate, ProblemKind},
     lease::{
-        self, EtcdStore, HeldLease, Identity, LeaseAttrs, LeaseEvent, LeaseHolder, LeaseView,
-        NetworkConfig, SubnetEnv, Timing,
+        self, EnvFamily, EtcdStore, HeldLease, Identity, LeaseAttrs, LeaseEvent, LeaseHolder,
+        LeaseView, NetworkConfig, SubnetEnv, Subnets, Timing,
     },
     mac::MacAddr,
     metrics::Metrics,
@@ -58,11 +57,11 @@ struct Agent {
     uplink_mtu: u32,
     subnet_file: PathBuf,
     cni_ipam_dir: PathBuf,
-    /// Our subnet, once held.
-    subnet: Option<Ipv4Net>,
-    /// The subnet we held before a loss moved us, while local pods still
-    /// hold addresses in it.
-    old_subnet: Option<(Ipv4Net, usize)>,
+    /// Our subnets, once held.
+    subnet: Option<Subnets>,
+    /// The subnets we held before a loss moved us, while local pods still
+    /// hold addresses in them.
+    old_subnet: Option<(Subnets, usize)>,
     /// Whether the peer set has been complete once.
     synced: bool,
     state_dir: PathBuf,
@@ -93,8 +92,9 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     };
     let only_public_ip =
         choice.iface.is_empty() && choice.iface_regex.is_empty() && choice.can_reach.is_none();
-    let (uplink, public_ip) = match (args.datapath, args.public_ip, only_public_ip) {
-        (DatapathKind::None, Some(ip), true) => (None, ip),
+    let given = args.public_ip.is_some() || args.public_ipv6.is_some();
+    let (uplink, public_ip) = match (args.datapath, given, only_public_ip) {
+        (DatapathKind::None, true, true) => (None, args.public_ip),
         _ => {
             let nl = Netlink::new()?;
             let (l, ip) = node::uplink(&nl, &choice).await?;
@@ -104,7 +104,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     let uplink_mtu = uplink.as_ref().map_or(1500, |l| l.mtu);
     tracing::info!(
         node_id,
-        %public_ip,
+        public_ip = ?public_ip,
         uplink = uplink.as_ref().map_or("-", |l| l.name.as_str()),
         datapath = ?args.datapath,
         version = env!("CARGO_PKG_VERSION"),
@@ -126,22 +126,56 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         moved.clone(),
     ));
     let config = lease::wait_for_config(&store, &prefix, retry_interval(&args), &metrics).await;
+    // The VTEP addresses the network's families need.
+    let public_ip = match (&config.ipv4, public_ip) {
+        (None, _) => None,
+        (Some(_), Some(ip)) => Some(ip),
+        (Some(_), None) => anyhow::bail!(
+            "the network has IPv4 but {} has no IPv4 address to use as the public IP; pass --public-ip",
+            uplink.as_ref().map_or("this node", |l| l.name.as_str())
+        ),
+    };
+    let public_ipv6 = match (&config.ipv6, &uplink) {
+        (None, _) => None,
+        (Some(_), Some(l)) => Some(node::public_ipv6(&Netlink::new()?, l, args.public_ipv6).await?),
+        (Some(_), None) => Some(args.public_ipv6.context(
+            "the network has IPv6: pass --public-ipv6 (or an uplink that has a global IPv6 address)",
+        )?),
+    };
+    if public_ipv6.is_some() {
+        tracing::info!(public_ipv6 = ?public_ipv6, "IPv6 VTEP");
+    }
     // One VTEP MAC per node id and address, stable across restarts: it goes
     // into the lease and into the dataplane. On a node moving from flannel,
     // flannel's device's MAC instead, while that device exists: the other
     // nodes go on addressing frames to it, and flannel's device (which
     // drops frames for another MAC) keeps decapsulating until Weft's
-    // programs take over.
-    let vtep_mac = match flannel_vtep_mac(args.datapath, config.vni).await {
+    // programs take over. The IPv6 device has a MAC of its own, as
+    // flannel's `flannel-v6.<VNI>` has.
+    let vtep_mac = match flannel_vtep_mac(args.datapath, &format!("flannel.{}", config.vni)).await
+    {
         Some(mac) => {
             tracing::info!(device = %format!("flannel.{}", config.vni), %mac, "keeping flannel's VTEP MAC while its device exists");
             mac
         }
-        None => MacAddr::derived(format!("{node_id}/{public_ip}").as_bytes()),
+        None => MacAddr::derived(
+            format!("{node_id}/{}", public_ip.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED)).as_bytes(),
+        ),
+    };
+    let flannel6 = format!("flannel-v6.{}", config.vni);
+    let vtep6_mac = match (public_ipv6, flannel_vtep_mac(args.datapath, &flannel6).await) {
+        (Some(_), Some(mac)) => {
+            tracing::info!(device = %flannel6, %mac, "keeping flannel's IPv6 VTEP MAC while its device exists");
+            mac
+        }
+        (v6, _) => MacAddr::derived(
+            format!("{node_id}/{}", v6.unwrap_or(std::net::Ipv6Addr::UNSPECIFIED)).as_bytes(),
+        ),
     };
     let me = Identity {
         node_id: node_id.clone(),
-        public_ip,
+        public_ip: public_ip.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+        public_ipv6,
     };
     let dataplane = match (args.datapath, uplink) {
         (DatapathKind::None, _) => Dataplane::off(),
@@ -149,16 +183,19 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         (DatapathKind::Ebpf, Some(uplink)) => Dataplane::ebpf(DataplaneSpec {
             uplink: uplink.name,
             public_ip,
+            public_ipv6,
             vni: config.vni,
             port: config.port,
             vtep_mac,
+            vtep6_mac,
             xdp_mode: args.xdp_mode,
             pins: PinDir::new(&args.pins.bpffs_dir),
             trace_drops: args.trace_drops,
             max_peers: args.max_peers,
             host_routing: args.host_routing,
             state_dir: args.state.state_dir.clone(),
-            network: config.network,
+            network: config.network(),
+            network6: config.ipv6_network(),
             masquerade: args.ip_masq.then_some(!args.ip_masq_fully_random_disable),
             forward_rules: args.iptables_forward_rules,
             underlay_mtu: config.mtu,
@@ -170,7 +207,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         &prefix,
         config.clone(),
         me.clone(),
-        LeaseAttrs::vxlan(public_ip, config.vni, vtep_mac, &node_id),
+        lease_value(&me, config.vni, vtep_mac, vtep6_mac),
         Timing {
             ttl: Duration::from_secs(args.subnet_lease_ttl),
             renew_margin: Duration::from_secs(args.subnet_lease_renew_margin * 60),
@@ -238,12 +275,25 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     r
 }
 
-/// The MAC of flannel's `flannel.<vni>` device, if this node has one.
-async fn flannel_vtep_mac(datapath: DatapathKind, vni: u32) -> Option<MacAddr> {
+/// What this node writes into its lease: its IPv4 VTEP, its IPv6 VTEP, or
+/// both.
+fn lease_value(me: &Identity, vni: u32, mac: MacAddr, mac6: MacAddr) -> LeaseAttrs {
+    match (me.public_ip.is_unspecified(), me.public_ipv6) {
+        (false, None) => LeaseAttrs::vxlan(me.public_ip, vni, mac, &me.node_id),
+        (false, Some(v6)) => {
+            LeaseAttrs::vxlan(me.public_ip, vni, mac, &me.node_id).with_v6(v6, vni, mac6)
+        }
+        (true, Some(v6)) => LeaseAttrs::vxlan_v6_only(v6, vni, mac6, &me.node_id),
+        (true, None) => LeaseAttrs::vxlan(me.public_ip, vni, mac, &me.node_id),
+    }
+}
+
+/// The MAC of flannel's device `name` (`flannel.<vni>`, `flannel-v6.<vni>`),
+/// if this node has one.
+async fn flannel_vtep_mac(datapath: DatapathKind, name: &str) -> Option<MacAddr> {
     if datapath != DatapathKind::Ebpf {
         return None;
     }
-    let name = format!("flannel.{vni}");
     let links = Netlink::new().ok()?.links().await.ok()?;
     links
         .into_iter()
@@ -386,20 +436,33 @@ impl Agent {
         }
     }
 
-    /// Writes subnet.env for `subnet`, with the current overlay MTU.
-    fn write_subnet_env(&self, subnet: Ipv4Net) -> Result<()> {
+    /// Writes subnet.env for `subnets`, with the current overlay MTU.
+    fn write_subnet_env(&self, subnets: Subnets) -> Result<()> {
         let mtu = self.dataplane.mtu().unwrap_or_else(|| {
-            self.config.mtu.unwrap_or(self.uplink_mtu) - dataplane_common::VXLAN_OVERHEAD
+            let overhead = if subnets.v6.is_some() {
+                dataplane_common::VXLAN6_OVERHEAD
+            } else {
+                dataplane_common::VXLAN_OVERHEAD
+            };
+            self.config.mtu.unwrap_or(self.uplink_mtu) - overhead
         });
         let env = SubnetEnv {
-            network: self.config.network,
-            subnet,
+            ipv4: self
+                .config
+                .network()
+                .zip(subnets.v4)
+                .map(|(network, subnet)| EnvFamily { network, subnet }),
+            ipv6: self
+                .config
+                .ipv6_network()
+                .zip(subnets.v6)
+                .map(|(network, subnet)| EnvFamily { network, subnet }),
             mtu,
             ipmasq: self.ip_masq,
         };
         env.write(&self.subnet_file)
             .with_context(|| format!("writing {}", self.subnet_file.display()))?;
-        tracing::info!(file = %self.subnet_file.display(), %subnet, mtu, ipmasq = self.ip_masq, "wrote the subnet file");
+        tracing::info!(file = %self.subnet_file.display(), subnet = %subnets, mtu, ipmasq = self.ip_masq, "wrote the subnet file");
         Ok(())
     }
 
@@ -410,7 +473,7 @@ impl Agent {
             return;
         }
         let records = cni::records(&self.state_dir);
-        let want: Vec<_> = records.iter().map(|r| r.endpoint()).collect();
+        let want: Vec<_> = records.iter().flat_map(|r| r.endpoints()).collect();
         match self.dataplane.sync_endpoints(&want).await {
             Ok(s) => {
                 for owner in &s.gone {
@@ -518,7 +581,12 @@ impl Agent {
     /// We hold `held`: the dataplane goes up around it, then subnet.env
     /// tells the CNI plugin, then the peers are decided around it.
     async fn took(&mut self, held: &HeldLease) -> Result<()> {
-        self.dataplane.set_subnet(held.subnet).await?;
+        self.dataplane
+            .set_subnet(OwnSubnets {
+                v4: held.subnet.v4,
+                v6: held.subnet.v6,
+            })
+            .await?;
         if let Some(c) = self.dataplane.counters() {
             self.metrics.set_counters(c);
         }
@@ -538,6 +606,11 @@ impl Agent {
         if let Some(old) = old
             && old != held.subnet
         {
+            // Only the halves that changed leave pods behind.
+            let old = Subnets {
+                v4: old.v4.filter(|s| Some(*s) != held.subnet.v4),
+                v6: old.v6.filter(|s| Some(*s) != held.subnet.v6),
+            };
             let pods = pods::in_subnet(&self.cni_ipam_dir, &old);
             tracing::warn!(
                 %old,

@@ -228,6 +228,10 @@ pub(crate) struct AgentArgs {
     /// uplink's first IPv4 address).
     #[arg(long, env = "FLANNELD_PUBLIC_IP")]
     pub public_ip: Option<Ipv4Addr>,
+    /// Public IPv6 address of this node, the IPv6 VTEP address, when the
+    /// network has IPv6 (default: the uplink's first global IPv6 address).
+    #[arg(long, env = "FLANNELD_PUBLIC_IPV6")]
+    pub public_ipv6: Option<std::net::Ipv6Addr>,
     /// Where to write subnet.env for the CNI plugin.
     #[arg(long, env = "FLANNELD_SUBNET_FILE", default_value = DEFAULT_SUBNET_FILE)]
     pub subnet_file: PathBuf,

@@ -49,7 +49,7 @@ use crate::cli::{Cli, Command, LogFormat};
 pub fn endpoint_records(state_dir: &std::path::Path) -> Vec<dataplane::EndpointSpec> {
     cni::records(state_dir)
         .iter()
-        .map(|r| r.endpoint())
+        .flat_map(|r| r.endpoints())
         .collect()
 }
 

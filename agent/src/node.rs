@@ -1,6 +1,9 @@
 //! Who this node is: its node id, its uplink and its public IP.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -47,8 +50,12 @@ pub(crate) struct UplinkChoice {
 /// `--iface-can-reach` is routed through; else the one carrying
 /// `--public-ip`; else the device of the default route. The public IP is
 /// `--public-ip` if given, else the address matched, else the interface's
-/// first IPv4 address.
-pub(crate) async fn uplink(nl: &Netlink, choice: &UplinkChoice) -> Result<(Link, Ipv4Addr)> {
+/// first IPv4 address; None when it has none (an IPv6-only node: the
+/// caller decides whether the network needs one).
+pub(crate) async fn uplink(
+    nl: &Netlink,
+    choice: &UplinkChoice,
+) -> Result<(Link, Option<Ipv4Addr>)> {
     let mut ifaces: Vec<(Link, Vec<(Ipv4Addr, u8)>)> = Vec::new();
     for l in nl.links().await? {
         let addrs = nl.addresses(l.index).await?;
@@ -78,7 +85,11 @@ pub(crate) async fn uplink(nl: &Netlink, choice: &UplinkChoice) -> Result<(Link,
             ),
         }
     } else {
-        let Some(oif) = nl.default_route_oif().await? else {
+        let oif = match nl.default_route_oif().await? {
+            Some(i) => Some(i),
+            None => nl.default_route6_oif().await?,
+        };
+        let Some(oif) = oif else {
             bail!(
                 "there is no default route to pick the uplink from; pass --iface, --iface-regex or --iface-can-reach ({})",
                 candidates(&ifaces)
@@ -90,21 +101,33 @@ pub(crate) async fn uplink(nl: &Netlink, choice: &UplinkChoice) -> Result<(Link,
             .context("the default route's device vanished")?;
         (l.clone(), None)
     };
-    let ip = match choice.public_ip.or(matched) {
-        Some(ip) => ip,
-        None => match ifaces
+    let ip = choice.public_ip.or(matched).or_else(|| {
+        ifaces
             .iter()
             .find(|(l, _)| l.index == link.index)
             .and_then(|(_, a)| a.first())
-        {
-            Some((ip, _)) => *ip,
-            None => bail!(
-                "{} has no IPv4 address to use as the public IP; pass --public-ip",
-                link.name
-            ),
-        },
-    };
+            .map(|(ip, _)| *ip)
+    });
     Ok((link, ip))
+}
+
+/// The IPv6 VTEP address: `--public-ipv6`, else the uplink's first global
+/// IPv6 address.
+pub(crate) async fn public_ipv6(
+    nl: &Netlink,
+    uplink: &Link,
+    given: Option<Ipv6Addr>,
+) -> Result<Ipv6Addr> {
+    if let Some(ip) = given {
+        return Ok(ip);
+    }
+    match nl.addresses6(uplink.index).await?.first() {
+        Some((ip, _)) => Ok(*ip),
+        None => bail!(
+            "the network has IPv6 but {} has no global IPv6 address to use as the IPv6 VTEP; pass --public-ipv6",
+            uplink.name
+        ),
+    }
 }
 
 type Iface = (Link, Vec<(Ipv4Addr, u8)>);

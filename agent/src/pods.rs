@@ -4,12 +4,12 @@
 //! file per allocated address in `<dir>/<network name>/<ip>`, and removes
 //! it on CNI DEL.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{net::IpAddr, path::Path};
 
-use ipnet::Ipv4Net;
+use crate::lease::Subnets;
 
-/// Allocated addresses under `ipam_dir` that lie in `subnet`.
-pub(crate) fn in_subnet(ipam_dir: &Path, subnet: &Ipv4Net) -> Vec<Ipv4Addr> {
+/// Allocated addresses under `ipam_dir` that lie in one of `subnets`.
+pub(crate) fn in_subnet(ipam_dir: &Path, subnets: &Subnets) -> Vec<IpAddr> {
     let Ok(networks) = std::fs::read_dir(ipam_dir) else {
         return Vec::new();
     };
@@ -19,9 +19,14 @@ pub(crate) fn in_subnet(ipam_dir: &Path, subnet: &Ipv4Net) -> Vec<Ipv4Addr> {
             continue;
         };
         for f in files.filter_map(|e| e.ok()) {
-            if let Ok(ip) = f.file_name().to_string_lossy().parse::<Ipv4Addr>()
-                && subnet.contains(&ip)
-            {
+            let Ok(ip) = f.file_name().to_string_lossy().parse::<IpAddr>() else {
+                continue;
+            };
+            let inside = match ip {
+                IpAddr::V4(a) => subnets.v4.is_some_and(|s| s.contains(&a)),
+                IpAddr::V6(a) => subnets.v6.is_some_and(|s| s.contains(&a)),
+            };
+            if inside {
                 out.push(ip);
             }
         }
@@ -43,16 +48,18 @@ mod tests {
             "10.5.3.10",
             "10.5.3.11",
             "10.5.4.10",
+            "fd00:5:0:3::a",
+            "fd00:5:0:4::a",
             "last_reserved_ip.0",
             "lock",
         ] {
             std::fs::write(net.join(f), "x").unwrap();
         }
-        let s: Ipv4Net = "10.5.3.0/24".parse().unwrap();
-        assert_eq!(
-            in_subnet(&dir, &s),
-            vec![Ipv4Addr::new(10, 5, 3, 10), Ipv4Addr::new(10, 5, 3, 11)]
-        );
+        let s = crate::lease::parse_key("10.5.3.0-24").unwrap();
+        let v4 = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(in_subnet(&dir, &s), vec![v4("10.5.3.10"), v4("10.5.3.11")]);
+        let dual = crate::lease::parse_key("10.5.3.0-24&fd00:5:0:3::-64").unwrap();
+        assert_eq!(in_subnet(&dir, &dual).len(), 3);
         assert!(in_subnet(&dir.join("absent"), &s).is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }

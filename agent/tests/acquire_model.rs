@@ -27,11 +27,16 @@
 //! Faults: expiring time, pauses, crashes with stale subnet files, operator
 //! deletions, transactions whose outcome is lost (applied or not), and
 //! failing `list` and `grant` calls (a failed grant may have been applied).
+//!
+//! Each schedule runs on an IPv4, a dual-stack or an IPv6-only network. On
+//! a dual-stack network both halves of every key are checked (no two holders
+//! share an IPv4 or an IPv6 subnet), and stale subnet files may name any
+//! pair, including pairs no Weft node would choose.
 
 use std::{
     collections::{BTreeMap, HashMap},
     future::Future,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     pin::Pin,
     sync::{Arc, Mutex},
     task::{Context, Poll},
@@ -43,7 +48,8 @@ use rand::SeedableRng as _;
 use weft::{
     lease::{
         AcquireError, AcquireRequest, AcquireStats, Compare, HeldLease, Identity, KeyValue,
-        LeaseAttrs, Listing, NetworkConfig, Op, Store, StoreError, TxnOutcome, acquire, parse_key,
+        LeaseAttrs, Listing, NetworkConfig, Op, Store, StoreError, Subnets, TxnOutcome, acquire,
+        parse_key,
     },
     mac::MacAddr,
 };
@@ -55,8 +61,9 @@ const TTL: i64 = 10;
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Owner {
     Agent(String),
-    /// An operator's reservation for this PublicIP.
-    Reservation(Ipv4Addr),
+    /// An operator's reservation for this PublicIP (PublicIPv6 on an
+    /// IPv6-only network).
+    Reservation(IpAddr),
     /// A key an operator wrote that no agent may ever take.
     Foreign,
 }
@@ -149,7 +156,7 @@ impl World {
 fn may_put(owners: &HashMap<String, Owner>, writer: &Identity, key: &str) -> bool {
     match owners.get(key) {
         Some(Owner::Agent(id)) => *id == writer.node_id,
-        Some(Owner::Reservation(ip)) => *ip == writer.public_ip,
+        Some(Owner::Reservation(ip)) => *ip == writer.addr(),
         Some(Owner::Foreign) | None => false,
     }
 }
@@ -308,7 +315,7 @@ type Outcome = (Result<HeldLease, AcquireError>, AcquireStats, Option<i64>);
 
 struct Node {
     store: MemStore,
-    preferred: Option<ipnet::Ipv4Net>,
+    preferred: Option<Subnets>,
     running: Option<Pin<Box<dyn Future<Output = Outcome>>>>,
     held: Option<HeldLease>,
     paused: bool,
@@ -324,12 +331,14 @@ fn start(node: &mut Node, cfg: &NetworkConfig) {
     node.seed += 1;
     node.held = None;
     node.running = Some(Box::pin(async move {
-        let value = LeaseAttrs::vxlan(
-            me.public_ip,
-            1,
-            MacAddr::derived(me.node_id.as_bytes()),
-            &me.node_id,
-        );
+        let mac = MacAddr::derived(me.node_id.as_bytes());
+        let value = match me.public_ipv6 {
+            None => LeaseAttrs::vxlan(me.public_ip, 1, mac, &me.node_id),
+            Some(v6) if me.public_ip.is_unspecified() => {
+                LeaseAttrs::vxlan_v6_only(v6, 1, mac, &me.node_id)
+            }
+            Some(v6) => LeaseAttrs::vxlan(me.public_ip, 1, mac, &me.node_id).with_v6(v6, 1, mac),
+        };
         let req = AcquireRequest {
             subnets_prefix: PREFIX,
             config: &cfg,
@@ -371,13 +380,13 @@ fn step(node: &mut Node, world: &Arc<Mutex<World>>, cfg: &NetworkConfig) {
                 held.key,
                 w.owners.get(&held.key)
             );
-            // Its subnet overlaps no other key inside the network.
+            // Its subnets overlap no other key's inside the network.
             for (key, _) in w.kvs.iter().filter(|(k, _)| **k != held.key) {
                 let Ok(other) = parse_key(key.strip_prefix(PREFIX).unwrap()) else {
                     continue;
                 };
                 assert!(
-                    !cfg.network.contains(&other.v4) || !overlaps(&other.v4, &held.subnet),
+                    !overlaps_in(cfg, &other, &held.subnet),
                     "{} acquired {} overlapping {key}",
                     node.store.me.node_id,
                     held.subnet
@@ -402,6 +411,9 @@ enum Action {
     Notice(usize),
     /// An operator deletes the n-th key.
     DeleteKey(usize),
+    /// The agent restarts with a subnet file naming the k-th IPv4 subnet
+    /// and the j-th IPv6 subnet (stale, edited, or copied from a clone).
+    StaleFile(usize, u64, u64),
 }
 
 fn action(n: usize) -> impl Strategy<Value = Action> {
@@ -416,6 +428,7 @@ fn action(n: usize) -> impl Strategy<Value = Action> {
         1 => (0..n).prop_map(Action::Crash),
         2 => (0..n).prop_map(Action::Notice),
         1 => (0usize..8).prop_map(Action::DeleteKey),
+        1 => (0..n, 0u64..8, 0u64..8).prop_map(|(a, k, j)| Action::StaleFile(a, k, j)),
     ]
 }
 
@@ -426,8 +439,28 @@ fn overlaps(a: &ipnet::Ipv4Net, b: &ipnet::Ipv4Net) -> bool {
     a0 <= b1 && b0 <= a1
 }
 
+fn overlaps6(a: &ipnet::Ipv6Net, b: &ipnet::Ipv6Net) -> bool {
+    let (a0, a1) = (u128::from(a.network()), u128::from(a.broadcast()));
+    let (b0, b1) = (u128::from(b.network()), u128::from(b.broadcast()));
+    a0 <= b1 && b0 <= a1
+}
+
+/// Whether `a` and `b` share an address in a family of the network, inside
+/// the network (keys outside it take nothing).
+fn overlaps_in(cfg: &NetworkConfig, a: &Subnets, b: &Subnets) -> bool {
+    let v4 = match (cfg.network(), a.v4, b.v4) {
+        (Some(n), Some(x), Some(y)) => n.contains(&x) && n.contains(&y) && overlaps(&x, &y),
+        _ => false,
+    };
+    let v6 = match (cfg.ipv6_network(), a.v6, b.v6) {
+        (Some(n), Some(x), Some(y)) => n.contains(&x) && n.contains(&y) && overlaps6(&x, &y),
+        _ => false,
+    };
+    v4 || v6
+}
+
 /// Every two agents that still hold their key hold disjoint subnets.
-fn no_two_holders_overlap(nodes: &[Node], world: &Arc<Mutex<World>>) {
+fn no_two_holders_overlap(nodes: &[Node], world: &Arc<Mutex<World>>, cfg: &NetworkConfig) {
     let w = world.lock().unwrap();
     let holding: Vec<&HeldLease> = nodes
         .iter()
@@ -441,7 +474,7 @@ fn no_two_holders_overlap(nodes: &[Node], world: &Arc<Mutex<World>>) {
     for (i, a) in holding.iter().enumerate() {
         for b in &holding[i + 1..] {
             assert!(
-                !overlaps(&a.subnet, &b.subnet),
+                !overlaps_in(cfg, &a.subnet, &b.subnet),
                 "two holders of overlapping subnets: {} ({}) and {} ({})",
                 a.key,
                 a.subnet,
@@ -472,48 +505,109 @@ fn junk(world: &Arc<Mutex<World>>, key: &str, value: &[u8]) {
     );
 }
 
-fn run(n: usize, small: bool, reservation: bool, junk_keys: bool, actions: Vec<Action>) {
-    let cfg = NetworkConfig::parse(if small {
-        br#"{"Network":"10.9.0.0/28","Backend":{"Type":"vxlan"}}"#
+/// The address families of the network a schedule runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Families {
+    V4,
+    Dual,
+    V6,
+}
+
+fn network(families: Families, small: bool) -> NetworkConfig {
+    let v4 = if small {
+        r#""Network":"10.9.0.0/28""#
     } else {
-        br#"{"Network":"10.9.0.0/27","Backend":{"Type":"vxlan"}}"#
-    })
-    .unwrap();
+        r#""Network":"10.9.0.0/27""#
+    };
+    // Small: 3 subnets of each family; large: 7 IPv4 and 15 IPv6 subnets.
+    let v6 = if small {
+        r#""EnableIPv6":true,"IPv6Network":"fd00:9::/124""#
+    } else {
+        r#""EnableIPv6":true,"IPv6Network":"fd00:9::/120","IPv6SubnetLen":124"#
+    };
+    let fields = match families {
+        Families::V4 => v4.to_string(),
+        Families::Dual => format!("{v4},{v6}"),
+        Families::V6 => format!(r#""EnableIPv4":false,{v6}"#),
+    };
+    NetworkConfig::parse(format!(r#"{{{fields},"Backend":{{"Type":"vxlan"}}}}"#).as_bytes())
+        .unwrap()
+}
+
+/// The subnets a stale subnet file names: the k-th IPv4 and the j-th IPv6
+/// subnet of the network (or the network's first, when out of range).
+fn stale_pair(cfg: &NetworkConfig, k: u64, j: u64) -> Subnets {
+    Subnets {
+        v4: cfg.ipv4.as_ref().and_then(|p| p.nth(k).or(p.nth(0))),
+        v6: cfg.ipv6.as_ref().and_then(|p| p.nth(j).or(p.nth(0))),
+    }
+}
+
+fn put_reservation(world: &Arc<Mutex<World>>, cfg: &NetworkConfig) {
+    // An operator's reservation for node 0's address, on a pair no
+    // Weft node would choose (the last IPv4 subnet with the first IPv6 one).
+    let v4 = cfg.ipv4.as_ref().map(|p| p.nth(p.subnet_count() - 1).unwrap());
+    let v6 = cfg.ipv6.as_ref().map(|p| p.nth(0).unwrap());
+    let key = format!("{PREFIX}{}", Subnets { v4, v6 }.key());
+    let (value, owner): (&[u8], IpAddr) = if v4.is_some() {
+        (
+            br#"{"PublicIP":"198.18.0.1"}"#,
+            Ipv4Addr::new(198, 18, 0, 1).into(),
+        )
+    } else {
+        (
+            br#"{"PublicIP":"0.0.0.0","PublicIPv6":"fd00:18::1"}"#,
+            "fd00:18::1".parse::<Ipv6Addr>().unwrap().into(),
+        )
+    };
+    let mut w = world.lock().unwrap();
+    w.rev += 1;
+    let rev = w.rev;
+    w.kvs.insert(
+        key.clone(),
+        KeyValue {
+            key: key.clone(),
+            value: value.to_vec(),
+            create_revision: rev,
+            mod_revision: rev,
+            version: 1,
+            lease: 0,
+        },
+    );
+    w.owners.insert(key, Owner::Reservation(owner));
+}
+
+fn run(
+    n: usize,
+    families: Families,
+    small: bool,
+    reservation: bool,
+    junk_keys: bool,
+    actions: Vec<Action>,
+) {
+    let cfg = network(families, small);
     let world = Arc::new(Mutex::new(World::default()));
     if reservation {
-        // An operator's reservation for node 0's PublicIP.
-        let mut w = world.lock().unwrap();
-        w.rev += 1;
-        let rev = w.rev;
-        w.kvs.insert(
-            format!("{PREFIX}10.9.0.8-30"),
-            KeyValue {
-                key: format!("{PREFIX}10.9.0.8-30"),
-                value: br#"{"PublicIP":"198.18.0.1"}"#.to_vec(),
-                create_revision: rev,
-                mod_revision: rev,
-                version: 1,
-                lease: 0,
-            },
-        );
-        w.owners.insert(
-            format!("{PREFIX}10.9.0.8-30"),
-            Owner::Reservation(Ipv4Addr::new(198, 18, 0, 1)),
-        );
+        put_reservation(&world, &cfg);
     }
     if junk_keys {
-        // A supernet key (as IPv6-only flannel leases have) must not make
-        // every subnet look taken; a /31 inside the network takes its /30.
+        // A supernet key must not make every subnet look taken; a /31
+        // inside the network takes its /30; an IPv6 key of another length
+        // takes what it overlaps.
         junk(&world, "0.0.0.0-0", br#"{"PublicIP":"198.18.0.9"}"#);
         junk(&world, "10.9.0.4-31", b"not json");
+        junk(&world, "0.0.0.0-0&fd00:9::8-127", b"not json");
     }
-    // Nodes 0 and 1 are clones: same PublicIP, different node ids.
+    // Nodes 0 and 1 are clones: same addresses, different node ids.
     let mut nodes: Vec<Node> = (0..n)
         .map(|i| {
-            let ip = if i == 1 {
-                Ipv4Addr::new(198, 18, 0, 1)
-            } else {
-                Ipv4Addr::new(198, 18, 0, 1 + i as u8)
+            let k = if i == 1 { 1 } else { 1 + i as u8 };
+            let v4 = Ipv4Addr::new(198, 18, 0, k);
+            let v6: Ipv6Addr = format!("fd00:18::{k}").parse().unwrap();
+            let (public_ip, public_ipv6) = match families {
+                Families::V4 => (v4, None),
+                Families::Dual => (v4, Some(v6)),
+                Families::V6 => (Ipv4Addr::UNSPECIFIED, Some(v6)),
             };
             Node {
                 store: MemStore {
@@ -521,7 +615,8 @@ fn run(n: usize, small: bool, reservation: bool, junk_keys: bool, actions: Vec<A
                     agent: i,
                     me: Identity {
                         node_id: format!("node-{i}"),
-                        public_ip: ip,
+                        public_ip,
+                        public_ipv6,
                     },
                 },
                 preferred: None,
@@ -577,6 +672,11 @@ fn run(n: usize, small: bool, reservation: bool, junk_keys: bool, actions: Vec<A
                     start(&mut nodes[i], &cfg);
                 }
             }
+            Action::StaleFile(i, k, j) => {
+                nodes[i].paused = false;
+                nodes[i].preferred = Some(stale_pair(&cfg, k, j));
+                start(&mut nodes[i], &cfg);
+            }
             Action::DeleteKey(k) => {
                 let mut w = world.lock().unwrap();
                 if let Some(key) = w.kvs.keys().nth(k).cloned() {
@@ -586,7 +686,7 @@ fn run(n: usize, small: bool, reservation: bool, junk_keys: bool, actions: Vec<A
                 }
             }
         }
-        no_two_holders_overlap(&nodes, &world);
+        no_two_holders_overlap(&nodes, &world, &cfg);
     }
 
     // Let everyone finish.
@@ -625,6 +725,7 @@ proptest! {
     #[test]
     fn acquisition_is_safe_under_any_interleaving(
         n in 2usize..6,
+        families in prop_oneof![Just(Families::V4), Just(Families::Dual), Just(Families::V6)],
         small in any::<bool>(),
         reservation in any::<bool>(),
         junk_keys in any::<bool>(),
@@ -632,8 +733,8 @@ proptest! {
     ) {
         let actions: Vec<Action> = actions
             .into_iter()
-            .filter(|a| !matches!(a, Action::Step(i) | Action::Fault(i, _) | Action::Pause(i) | Action::Resume(i) | Action::Crash(i) | Action::Notice(i) if *i >= n))
+            .filter(|a| !matches!(a, Action::Step(i) | Action::Fault(i, _) | Action::Pause(i) | Action::Resume(i) | Action::Crash(i) | Action::Notice(i) | Action::StaleFile(i, _, _) if *i >= n))
             .collect();
-        run(n, small, reservation, junk_keys, actions);
+        run(n, families, small, reservation, junk_keys, actions);
     }
 }

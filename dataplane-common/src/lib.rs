@@ -11,6 +11,9 @@
 /// UDP (8), VXLAN (8) and inner Ethernet (14) are.
 pub const VXLAN_OVERHEAD: u32 = 50;
 
+/// VXLAN overhead over IPv6: outer IPv6 (40), UDP, VXLAN, inner Ethernet.
+pub const VXLAN6_OVERHEAD: u32 = 70;
+
 /// Default VXLAN UDP port (the Linux and flannel default, not IANA's 4789).
 pub const DEFAULT_VXLAN_PORT: u16 = 8472;
 
@@ -25,7 +28,8 @@ pub const MAX_PEERS: u32 = 65_536;
 /// meaning). Pins live in a directory named after it (`maps-v2`), so an
 /// agent never reuses maps another version created; it bumps whenever a
 /// map's layout or meaning changes. Version 1 pinned into `maps`.
-pub const LAYOUT_VERSION: u32 = 2;
+/// Version 3 added the IPv6 maps and the IPv6 half of the config.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Map names, as the programs declare them and the agent pins them.
 pub mod map_names {
@@ -34,6 +38,9 @@ pub mod map_names {
     pub const CONFIG: &str = "WEFT_CONFIG";
     pub const COUNTERS: &str = "WEFT_COUNTERS";
     pub const ENDPOINTS: &str = "WEFT_ENDPOINTS";
+    pub const PEERS6: &str = "WEFT_PEERS6";
+    pub const VTEPS6: &str = "WEFT_VTEPS6";
+    pub const ENDPOINTS6: &str = "WEFT_ENDPOINTS6";
 }
 
 /// Program names, as the programs declare them.
@@ -45,6 +52,13 @@ pub mod program_names {
     pub const FROM_POD: &str = "weft_from_pod";
     /// Host routing, receive after XDP decapsulation (TC ingress, uplink).
     pub const DELIVER: &str = "weft_deliver";
+    /// IPv6: TC egress on the IPv6 overlay device (a vxlan device in
+    /// collect-metadata mode): the tunnel key for the kernel to encapsulate.
+    pub const ENCAP6: &str = "weft_encap6";
+    /// IPv6: TC ingress on the IPv6 overlay device: what the kernel
+    /// decapsulated (fragments the programs on the uplink passed) gets the
+    /// same checks.
+    pub const TUNNEL_RX: &str = "weft_tunnel_rx";
 }
 
 /// Capacity of the endpoint map: pods on one node.
@@ -84,6 +98,20 @@ pub struct Vtep {
 /// `DirectRouting`). The zero byte older agents wrote means "encapsulate".
 pub const VTEP_F_DIRECT: u8 = 1;
 
+/// Where packets to one remote IPv6 subnet go: the value of the
+/// `WEFT_PEERS6` LPM trie (keyed by the remote subnet).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Vtep6 {
+    /// The remote node's public IPv6 address (outer destination).
+    pub addr: [u8; 16],
+    /// The remote node's IPv6 VTEP MAC (inner destination MAC).
+    pub mac: [u8; 6],
+    /// Bit flags, see `VTEP_F_*` (none apply to IPv6 yet).
+    pub flags: u8,
+    pub _pad: u8,
+}
+
 /// What the decapsulation side knows of one remote VTEP.
 ///
 /// The value of the `WEFT_VTEPS` hash map (keyed by the VTEP's IPv4 address,
@@ -118,6 +146,17 @@ pub struct DataplaneConfig {
     pub uplink_mac: [u8; 6],
     /// Bit flags, see `CONFIG_F_*`.
     pub flags: u32,
+    /// Our public IPv6 address (outer source, decap destination).
+    pub local_addr6: [u8; 16],
+    /// Index of the IPv6 overlay device (the kernel's vxlan device in
+    /// collect-metadata mode that writes the outer IPv6 headers).
+    pub overlay6_ifindex: u32,
+    /// MTU of the IPv6 overlay device: a packet to a remote IPv6 pod that
+    /// is not GSO and exceeds it takes the stack (ICMPv6 Packet Too Big).
+    pub overlay6_mtu: u32,
+    /// Our IPv6 VTEP MAC (the inner source MAC over IPv6).
+    pub vtep6_mac: [u8; 6],
+    pub _pad1: [u8; 2],
 }
 
 /// Set once the agent has written a complete configuration; until then the
@@ -132,6 +171,12 @@ pub const CONFIG_F_BYPASS: u32 = 2;
 /// With host routing, only flows conntrack holds as confirmed and not NATed
 /// bypass the host stack (`--host-routing auto`).
 pub const CONFIG_F_CT_GATE: u32 = 4;
+
+/// The node carries IPv4 pod traffic (IPv4 VTEP, `local_addr_be`).
+pub const CONFIG_F_IPV4: u32 = 8;
+
+/// The node carries IPv6 pod traffic (IPv6 VTEP, `local_addr6`).
+pub const CONFIG_F_IPV6: u32 = 16;
 
 /// XDP's mark on a frame it decapsulated (in the frame's metadata), for the
 /// TC program that delivers it after GRO.
@@ -256,6 +301,8 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::VtepInfo {}
     // SAFETY: as above.
+    unsafe impl aya::Pod for super::Vtep6 {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::DataplaneConfig {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Counter {}
@@ -272,7 +319,8 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<Vtep>(), 12);
         assert_eq!(size_of::<VtepInfo>(), 4);
-        assert_eq!(size_of::<DataplaneConfig>(), 36);
+        assert_eq!(size_of::<DataplaneConfig>(), 68);
+        assert_eq!(size_of::<Vtep6>(), 24);
         assert_eq!(size_of::<Counter>(), 16);
         assert_eq!(size_of::<Endpoint>(), 16);
     }

@@ -7,22 +7,29 @@
 
 use aya_ebpf::{
     bindings::TC_ACT_OK,
-    helpers::generated::{bpf_redirect_peer, bpf_skb_change_type},
+    helpers::generated::{bpf_redirect, bpf_redirect_peer, bpf_skb_change_type},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
 use dataplane_common::{
-    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, DataplaneConfig, Reason, VTEP_F_DIRECT, Vtep,
+    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, DataplaneConfig, Endpoint,
+    Reason, VTEP_F_DIRECT, Vtep,
 };
 
 use crate::{
-    ct,
+    ct::{self, Flow},
     encap::{encapsulate, redirect_direct, redirect_to_uplink, too_big},
-    headers::{ENCAP_LEN, ETH_LEN, ETH_P_IP, EthHdr, IPV4_LEN, Ipv4Hdr, csum_replace},
-    maps::{WEFT_ENDPOINTS, WEFT_PEERS},
+    encap6::{set_inner_macs, set_tunnel, too_big6},
+    headers::{
+        ENCAP_LEN, ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV4_LEN, IPV6_LEN, Ipv4Hdr,
+        Ipv6Hdr, csum_replace,
+    },
+    maps::{WEFT_ENDPOINTS, WEFT_ENDPOINTS6, WEFT_PEERS, WEFT_PEERS6},
     packet::{linear, read, write},
     verdict::{Done, Dropped},
 };
+
+const IPPROTO_TCP: u8 = 6;
 
 /// `PACKET_HOST`: what a frame addressed to the receiving device is.
 const PACKET_HOST: u32 = 0;
@@ -39,17 +46,24 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
     if cfg.flags & CONFIG_F_BYPASS == 0 {
         return Ok(pass);
     }
-    let Ok((data, end)) = linear(ctx, ETH_LEN + IPV4_LEN) else {
+    let Ok((data, end)) = linear(ctx, ETH_LEN + IPV6_LEN) else {
         return Ok(pass);
     };
     let Some(eth) = read::<EthHdr>(data, end, 0) else {
         return Ok(pass);
     };
+    if eth.proto == ETH_P_IPV6.to_be() {
+        return from_pod6(ctx, cfg, data, end);
+    }
     let Some(ip) = read::<Ipv4Hdr>(data, end, ETH_LEN) else {
         return Ok(pass);
     };
     // Not IPv4, or a TTL the host stack must answer: its business.
-    if eth.proto != ETH_P_IP.to_be() || ip.ver_ihl >> 4 != 4 || ip.ttl <= 1 {
+    if eth.proto != ETH_P_IP.to_be()
+        || cfg.flags & CONFIG_F_IPV4 == 0
+        || ip.ver_ihl >> 4 != 4
+        || ip.ttl <= 1
+    {
         return Ok(pass);
     }
     let Some(vtep) = WEFT_PEERS.get(Key::new(32, ip.daddr)) else {
@@ -80,6 +94,57 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
         action: redirect_to_uplink(cfg),
         reason: Reason::EncapBypass,
         bytes: new_len,
+    })
+}
+
+/// Transmit, IPv6: the pod's packet gets the tunnel key and the inner MACs
+/// here and goes straight to the IPv6 overlay device, whose kernel vxlan
+/// driver writes the outer headers (checksummed, per segment for GSO).
+#[inline(always)]
+fn from_pod6(
+    ctx: &TcContext,
+    cfg: &DataplaneConfig,
+    data: usize,
+    end: usize,
+) -> Result<Done<i32>, Dropped> {
+    let len = ctx.len();
+    let pass = Done {
+        action: TC_ACT_OK,
+        reason: Reason::Passed,
+        bytes: len,
+    };
+    let Some(ip) = read::<Ipv6Hdr>(data, end, ETH_LEN) else {
+        return Ok(pass);
+    };
+    if cfg.flags & CONFIG_F_IPV6 == 0 || ip.version() != 6 || ip.hop_limit <= 1 {
+        return Ok(pass);
+    }
+    let Some(vtep) = WEFT_PEERS6.get(Key::new(128, ip.daddr)) else {
+        return Ok(pass);
+    };
+    let vtep = *vtep;
+    // Too big for the overlay (the stack answers with Packet Too Big), or
+    // an aggregate whose outer length would not fit.
+    if too_big6(ctx, cfg, len) {
+        return Ok(pass);
+    }
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate6(ctx, data, end, &ip) {
+        return Ok(pass);
+    }
+    // The hop through this node, as routing would count it.
+    let drop = || Dropped::at6(Reason::DropError, ip.saddr, ip.daddr);
+    if !write(data, end, ETH_LEN + 7, ip.hop_limit - 1) || !set_inner_macs(data, end, cfg, &vtep) {
+        return Err(drop());
+    }
+    if set_tunnel(ctx, cfg, &vtep).is_err() {
+        return Err(drop());
+    }
+    // SAFETY: a helper without pointer arguments.
+    let action = unsafe { bpf_redirect(cfg.overlay6_ifindex, 0) } as i32;
+    Ok(Done {
+        action,
+        reason: Reason::EncapBypass,
+        bytes: len + ENCAP6_LEN as u32,
     })
 }
 
@@ -129,7 +194,7 @@ pub(crate) fn deliver_direct(ctx: &TcContext, cfg: &DataplaneConfig) -> Option<i
     }
     let (data, end) = linear(ctx, ETH_LEN + IPV4_LEN).ok()?;
     let eth = read::<EthHdr>(data, end, 0)?;
-    if eth.proto != ETH_P_IP.to_be() {
+    if eth.proto != ETH_P_IP.to_be() || cfg.flags & CONFIG_F_IPV4 == 0 {
         return None;
     }
     let ip = read::<Ipv4Hdr>(data, end, ETH_LEN)?;
@@ -140,29 +205,53 @@ pub(crate) fn deliver_direct(ctx: &TcContext, cfg: &DataplaneConfig) -> Option<i
     deliver(ctx, cfg)
 }
 
-/// Receive: a decapsulated packet (Ethernet + IPv4 at the start of the
-/// frame) for a pod on this node goes straight into the pod. Returns the
-/// redirect, or None when the packet takes the host stack.
+/// Receive: a decapsulated packet (Ethernet + IPv4 or IPv6 at the start of
+/// the frame) for a pod on this node goes straight into the pod. Returns
+/// the redirect, or None when the packet takes the host stack.
 #[inline(always)]
 pub(crate) fn deliver(ctx: &TcContext, cfg: &DataplaneConfig) -> Option<i32> {
     if cfg.flags & CONFIG_F_BYPASS == 0 {
         return None;
     }
-    let (data, end) = linear(ctx, ETH_LEN + IPV4_LEN).ok()?;
-    let ip = read::<Ipv4Hdr>(data, end, ETH_LEN)?;
-    if ip.ttl <= 1 {
-        return None;
-    }
-    let dst = ip.daddr;
-    // SAFETY: a plain hash lookup; the value is copied out at once.
-    let ep = *unsafe { WEFT_ENDPOINTS.get(dst) }?;
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, data, end, &ip) {
-        return None;
-    }
-    if !dec_ttl(data, end, ETH_LEN)
-        || !write(data, end, 0, ep.pod_mac)
-        || !write(data, end, 6, ep.gw_mac)
-    {
+    let (data, end) = linear(ctx, ETH_LEN + IPV6_LEN).ok()?;
+    let eth = read::<EthHdr>(data, end, 0)?;
+    let ep = if eth.proto == ETH_P_IPV6.to_be() {
+        let ip = read::<Ipv6Hdr>(data, end, ETH_LEN)?;
+        if ip.version() != 6 || ip.hop_limit <= 1 {
+            return None;
+        }
+        // SAFETY: a plain hash lookup; the value is copied out at once.
+        let ep = *unsafe { WEFT_ENDPOINTS6.get(&ip.daddr) }?;
+        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate6(ctx, data, end, &ip) {
+            return None;
+        }
+        if !write(data, end, ETH_LEN + 7, ip.hop_limit - 1) {
+            return None;
+        }
+        ep
+    } else {
+        let ip = read::<Ipv4Hdr>(data, end, ETH_LEN)?;
+        if ip.ttl <= 1 {
+            return None;
+        }
+        // SAFETY: a plain hash lookup; the value is copied out at once.
+        let ep = *unsafe { WEFT_ENDPOINTS.get(ip.daddr) }?;
+        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, data, end, &ip) {
+            return None;
+        }
+        if !dec_ttl(data, end, ETH_LEN) {
+            return None;
+        }
+        ep
+    };
+    into_pod(ctx, data, end, &ep)
+}
+
+/// Addresses the frame to the pod and hands it to the pod's side of the
+/// veth.
+#[inline(always)]
+fn into_pod(ctx: &TcContext, data: usize, end: usize, ep: &Endpoint) -> Option<i32> {
+    if !write(data, end, 0, ep.pod_mac) || !write(data, end, 6, ep.gw_mac) {
         return None;
     }
     // SAFETY: the helper only sets the context's sk_buff's packet type.
@@ -183,7 +272,32 @@ fn gate(ctx: &TcContext, data: usize, end: usize, ip: &Ipv4Hdr) -> bool {
         return false;
     };
     let flags = read::<u8>(data, end, l4 + 13).unwrap_or(0);
-    ct::allows(ctx, ip, (ports[0], ports[1]), flags)
+    let flow = Flow::V4 {
+        saddr: ip.saddr,
+        daddr: ip.daddr,
+    };
+    ct::allows(ctx, flow, ip.proto, (ports[0], ports[1]), flags)
+}
+
+/// The conntrack gate for an IPv6 packet at `ETH_LEN`: TCP or UDP right
+/// after the fixed header (anything with extension headers takes the
+/// stack).
+#[inline(always)]
+fn gate6(ctx: &TcContext, data: usize, end: usize, ip: &Ipv6Hdr) -> bool {
+    let l4 = ETH_LEN + IPV6_LEN;
+    let Some(ports) = read::<[u16; 2]>(data, end, l4) else {
+        return false;
+    };
+    let flags = if ip.next_header == IPPROTO_TCP {
+        read::<u8>(data, end, l4 + 13).unwrap_or(0)
+    } else {
+        0
+    };
+    let flow = Flow::V6 {
+        saddr: ip.saddr,
+        daddr: ip.daddr,
+    };
+    ct::allows(ctx, flow, ip.next_header, (ports[0], ports[1]), flags)
 }
 
 /// Decrements the TTL of the IPv4 header at `off`, updating its checksum.

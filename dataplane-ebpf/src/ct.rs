@@ -17,15 +17,45 @@
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
 
-use crate::headers::Ipv4Hdr;
-
 /// `struct bpf_sock_tuple` for IPv4 (the kernel's is a union; 12 bytes).
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct SockTupleV4 {
     saddr: u32,
     daddr: u32,
     sport: u16,
     dport: u16,
+}
+
+/// `struct bpf_sock_tuple` for IPv6 (36 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SockTupleV6 {
+    saddr: [u8; 16],
+    daddr: [u8; 16],
+    sport: u16,
+    dport: u16,
+}
+
+/// `struct bpf_sock_tuple`: the kfunc takes its size, which says which.
+#[repr(C)]
+union SockTuple {
+    v4: SockTupleV4,
+    v6: SockTupleV6,
+}
+
+/// What the gate asks conntrack about: a packet's addresses, protocol,
+/// ports and TCP flags.
+#[derive(Clone, Copy)]
+pub(crate) enum Flow {
+    V4 {
+        saddr: u32,
+        daddr: u32,
+    },
+    V6 {
+        saddr: [u8; 16],
+        daddr: [u8; 16],
+    },
 }
 
 /// `struct bpf_ct_opts` (16 bytes since Linux 6.1).
@@ -49,7 +79,7 @@ struct NfConn {
 unsafe extern "C" {
     fn bpf_skb_ct_lookup(
         skb: *mut __sk_buff,
-        tuple: *mut SockTupleV4,
+        tuple: *mut SockTuple,
         tuple_len: u32,
         opts: *mut CtOpts,
         opts_len: u32,
@@ -77,40 +107,64 @@ const TCP_RST: u8 = 0x04;
 /// How long conntrack keeps a TCP flow once it ended on the fast path (ms).
 const CLOSED_TIMEOUT_MS: u32 = 10_000;
 
-/// Whether the packet (IPv4 header `ip`, its L4 ports and TCP flags) may
-/// bypass the host stack.
+/// Whether the packet (its `flow`, L4 protocol `proto`, ports and TCP
+/// flags) may bypass the host stack.
 #[inline(always)]
-pub(crate) fn allows(ctx: &TcContext, ip: &Ipv4Hdr, ports: (u16, u16), tcp_flags: u8) -> bool {
-    if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
+pub(crate) fn allows(
+    ctx: &TcContext,
+    flow: Flow,
+    proto: u8,
+    ports: (u16, u16),
+    tcp_flags: u8,
+) -> bool {
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
         return false;
     }
     // A connection being opened is for the stack to see.
-    if ip.proto == IPPROTO_TCP && tcp_flags & TCP_SYN != 0 {
+    if proto == IPPROTO_TCP && tcp_flags & TCP_SYN != 0 {
         return false;
     }
-    let mut tuple = SockTupleV4 {
-        saddr: ip.saddr,
-        daddr: ip.daddr,
-        sport: ports.0,
-        dport: ports.1,
+    let (mut tuple, len) = match flow {
+        Flow::V4 { saddr, daddr } => (
+            SockTuple {
+                v4: SockTupleV4 {
+                    saddr,
+                    daddr,
+                    sport: ports.0,
+                    dport: ports.1,
+                },
+            },
+            core::mem::size_of::<SockTupleV4>(),
+        ),
+        Flow::V6 { saddr, daddr } => (
+            SockTuple {
+                v6: SockTupleV6 {
+                    saddr,
+                    daddr,
+                    sport: ports.0,
+                    dport: ports.1,
+                },
+            },
+            core::mem::size_of::<SockTupleV6>(),
+        ),
     };
     let mut opts = CtOpts {
         netns_id: CURRENT_NETNS,
         error: 0,
-        l4proto: ip.proto,
+        l4proto: proto,
         dir: 0,
         ct_zone_id: 0,
         ct_zone_dir: 0,
         reserved: [0; 3],
     };
-    // SAFETY: the kfunc reads the tuple and writes the options, both on
-    // this stack frame with the sizes given; it returns a referenced
-    // nf_conn or null.
+    // SAFETY: the kfunc reads `len` bytes of the tuple (the variant that
+    // size names) and writes the options, both on this stack frame with the
+    // sizes given; it returns a referenced nf_conn or null.
     let ct = unsafe {
         bpf_skb_ct_lookup(
             ctx.skb.skb,
             &mut tuple,
-            core::mem::size_of::<SockTupleV4>() as u32,
+            len as u32,
             &mut opts,
             core::mem::size_of::<CtOpts>() as u32,
         )
@@ -124,7 +178,7 @@ pub(crate) fn allows(ctx: &TcContext, ip: &Ipv4Hdr, ports: (u16, u16), tcp_flags
     // offset of its 8-byte `status` field in this kernel.
     let status = unsafe { core::ptr::read_volatile((ct as *const u8).add(off) as *const u64) };
     let ok = status & IPS_CONFIRMED != 0 && status & IPS_NAT_MASK == 0;
-    if ok && ip.proto == IPPROTO_TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+    if ok && proto == IPPROTO_TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0 {
         // SAFETY: ct is the referenced entry from the lookup.
         unsafe { bpf_ct_change_timeout(ct, CLOSED_TIMEOUT_MS) };
     }

@@ -14,7 +14,14 @@ pub(crate) const ENCAP_LEN: usize = IPV4_LEN + UDP_LEN + VXLAN_LEN + ETH_LEN;
 /// Offset of the inner Ethernet header in an encapsulated frame.
 pub(crate) const INNER_ETH: usize = ETH_LEN + IPV4_LEN + UDP_LEN + VXLAN_LEN;
 
+pub(crate) const IPV6_LEN: usize = 40;
+/// Outer IPv6 + UDP + VXLAN + inner Ethernet.
+pub(crate) const ENCAP6_LEN: usize = IPV6_LEN + UDP_LEN + VXLAN_LEN + ETH_LEN;
+/// Offset of the inner Ethernet header in a frame encapsulated over IPv6.
+pub(crate) const INNER_ETH6: usize = ETH_LEN + IPV6_LEN + UDP_LEN + VXLAN_LEN;
+
 pub(crate) const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
 pub(crate) const IPPROTO_UDP: u8 = 17;
 /// RFC 7348: the I flag, "VNI valid".
 pub(crate) const VXLAN_FLAG_VNI: u8 = 0x08;
@@ -40,6 +47,30 @@ pub(crate) struct Ipv4Hdr {
     pub(crate) csum: u16,
     pub(crate) saddr: u32,
     pub(crate) daddr: u32,
+}
+
+/// The fixed IPv6 header (no extension headers).
+#[repr(C, packed)]
+#[derive(Clone, Copy)]
+pub(crate) struct Ipv6Hdr {
+    /// Version (4 bits), traffic class (8), flow label (20).
+    pub(crate) vtc_flow: [u8; 4],
+    pub(crate) payload_len: u16,
+    pub(crate) next_header: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) saddr: [u8; 16],
+    pub(crate) daddr: [u8; 16],
+}
+
+impl Ipv6Hdr {
+    pub(crate) fn version(&self) -> u8 {
+        self.vtc_flow[0] >> 4
+    }
+
+    /// The traffic class's ECN bits.
+    pub(crate) fn ecn(&self) -> u8 {
+        (self.vtc_flow[1] >> 4) & 0x03
+    }
 }
 
 #[repr(C, packed)]
@@ -73,6 +104,7 @@ pub(crate) struct EncapHdr {
 const _: () = assert!(core::mem::size_of::<EncapHdr>() == ENCAP_LEN);
 const _: () = assert!(core::mem::size_of::<EthHdr>() == ETH_LEN);
 const _: () = assert!(core::mem::size_of::<Ipv4Hdr>() == IPV4_LEN);
+const _: () = assert!(core::mem::size_of::<Ipv6Hdr>() == IPV6_LEN);
 
 /// One's complement sum fold (RFC 1624): the header checksum `csum` after
 /// the 16-bit word `old` became `new` (all as they are in memory).

@@ -11,6 +11,7 @@ mod bypass;
 mod ct;
 mod decap;
 mod encap;
+mod encap6;
 mod headers;
 mod maps;
 mod packet;
@@ -36,6 +37,34 @@ fn weft_encap(ctx: TcContext) -> i32 {
     let len = ctx.len();
     let r = match config() {
         Some(cfg) => encap::encap(&ctx, cfg),
+        None => Err(Dropped::from(Reason::DropError)),
+    };
+    finish(&ctx, r, len, TC_ACT_SHOT)
+}
+
+/// Encapsulation over IPv6: TC egress on the IPv6 overlay device, which
+/// writes the outer headers from the tunnel key set here.
+#[classifier]
+fn weft_encap6(ctx: TcContext) -> i32 {
+    // Host routing set the key and counted the packet already.
+    if encap6::has_tunnel_key(&ctx) {
+        return TC_ACT_OK;
+    }
+    let len = ctx.len();
+    let r = match config() {
+        Some(cfg) => encap6::encap6(&ctx, cfg),
+        None => Err(Dropped::from(Reason::DropError)),
+    };
+    finish(&ctx, r, len, TC_ACT_SHOT)
+}
+
+/// What the kernel decapsulated itself: TC ingress on the IPv6 overlay
+/// device.
+#[classifier]
+fn weft_tunnel_rx(ctx: TcContext) -> i32 {
+    let len = ctx.len();
+    let r = match config() {
+        Some(cfg) => encap6::tunnel_rx(&ctx, cfg),
         None => Err(Dropped::from(Reason::DropError)),
     };
     finish(&ctx, r, len, TC_ACT_SHOT)

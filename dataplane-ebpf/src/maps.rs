@@ -6,7 +6,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
 use dataplane_common::{
-    Counter, DataplaneConfig, Endpoint, MAX_ENDPOINTS, MAX_PEERS, Reason, Vtep, VtepInfo,
+    Counter, DataplaneConfig, Endpoint, MAX_ENDPOINTS, MAX_PEERS, Reason, Vtep, Vtep6, VtepInfo,
 };
 
 /// Remote subnet (key data: IPv4 address, network order) -> remote VTEP.
@@ -24,6 +24,20 @@ pub(crate) static WEFT_VTEPS: HashMap<u32, VtepInfo> = HashMap::pinned(MAX_PEERS
 /// delivers to directly.
 #[map]
 pub(crate) static WEFT_ENDPOINTS: HashMap<u32, Endpoint> = HashMap::pinned(MAX_ENDPOINTS, 0);
+
+/// Remote IPv6 subnet (key data: the address's 16 bytes) -> remote VTEP,
+/// used as `WEFT_PEERS` is.
+#[map]
+pub(crate) static WEFT_PEERS6: LpmTrie<[u8; 16], Vtep6> = LpmTrie::pinned(MAX_PEERS, 0);
+
+/// Known remote IPv6 VTEP addresses.
+#[map]
+pub(crate) static WEFT_VTEPS6: HashMap<[u8; 16], VtepInfo> = HashMap::pinned(MAX_PEERS, 0);
+
+/// Pods on this node by IPv6 address, for host routing.
+#[map]
+pub(crate) static WEFT_ENDPOINTS6: HashMap<[u8; 16], Endpoint> =
+    HashMap::pinned(MAX_ENDPOINTS, 0);
 
 /// This node's settings: one entry.
 #[map]

@@ -46,3 +46,22 @@ pub(crate) fn linear(ctx: &TcContext, want: usize) -> Result<(usize, usize), Rea
     ctx.pull_data(n).map_err(|_| Reason::DropError)?;
     Ok((ctx.data(), ctx.data_end()))
 }
+
+/// Whether two IPv6 addresses are equal, compared as two words each (no
+/// memcmp in eBPF).
+#[inline(always)]
+pub(crate) fn eq16(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    let w = |x: &[u8; 16], i: usize| {
+        u64::from_ne_bytes([
+            x[i],
+            x[i + 1],
+            x[i + 2],
+            x[i + 3],
+            x[i + 4],
+            x[i + 5],
+            x[i + 6],
+            x[i + 7],
+        ])
+    };
+    w(a, 0) == w(b, 0) && w(a, 8) == w(b, 8)
+}

@@ -13,7 +13,7 @@ use dataplane_common::{CONFIG_F_BYPASS, DataplaneConfig, Reason, XDP_DECAP_MARK}
 use crate::{
     bypass,
     decap::{CLASSIFY_LEN, classify, set_ce},
-    headers::{ENCAP_LEN, ETH_LEN, IPV4_LEN},
+    headers::{ETH_LEN, IPV6_LEN},
     packet::{linear, read, write},
     verdict::{Done, Dropped},
 };
@@ -30,13 +30,13 @@ pub(crate) fn xdp(ctx: &XdpContext, cfg: &DataplaneConfig) -> Result<Done<u32>, 
         });
     };
     // SAFETY: the helper checks the new head against the buffer.
-    if unsafe { bpf_xdp_adjust_head(ctx.ctx, ENCAP_LEN as i32) } != 0 {
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, decap.len as i32) } != 0 {
         return Err(Reason::DropError.into());
     }
     // The inner frame is addressed to our VTEP MAC; readdress it to the
     // uplink so the stack takes it as PACKET_HOST.
     let (data, end) = (ctx.data(), ctx.data_end());
-    if !write(data, end, 0, cfg.uplink_mac) || decap.set_ce && !set_ce(data, end) {
+    if !write(data, end, 0, cfg.uplink_mac) || decap.set_ce && !set_ce(data, end, decap.v6) {
         return Err(Reason::DropError.into());
     }
     if cfg.flags & CONFIG_F_BYPASS != 0 {
@@ -45,7 +45,7 @@ pub(crate) fn xdp(ctx: &XdpContext, cfg: &DataplaneConfig) -> Result<Done<u32>, 
     Ok(Done {
         action: xdp_action::XDP_PASS,
         reason: Reason::Decapsulated,
-        bytes: len - ENCAP_LEN as u32,
+        bytes: len - decap.len,
     })
 }
 
@@ -68,17 +68,18 @@ pub(crate) fn tc(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dr
             bytes: len,
         });
     };
-    // Remove outer IPv4/UDP/VXLAN and the inner Ethernet header; the outer
-    // Ethernet header (already addressed to us) stays.
+    // Remove outer IP/UDP/VXLAN and the inner Ethernet header; the outer
+    // Ethernet header (already addressed to us, of the inner packet's
+    // protocol) stays.
     ctx.adjust_room(
-        -(ENCAP_LEN as i32),
+        -(decap.len as i32),
         BPF_ADJ_ROOM_MAC,
         BPF_F_ADJ_ROOM_FIXED_GSO as u64,
     )
     .map_err(|_| Dropped::from(Reason::DropError))?;
     if decap.set_ce {
-        let (data, end) = linear(ctx, ETH_LEN + IPV4_LEN)?;
-        if !set_ce(data, end) {
+        let (data, end) = linear(ctx, ETH_LEN + IPV6_LEN)?;
+        if !set_ce(data, end, decap.v6) {
             return Err(Reason::DropError.into());
         }
     }
@@ -86,13 +87,13 @@ pub(crate) fn tc(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dr
         return Ok(Done {
             action,
             reason: Reason::DecapBypass,
-            bytes: len - ENCAP_LEN as u32,
+            bytes: len - decap.len,
         });
     }
     Ok(Done {
         action: TC_ACT_OK,
         reason: Reason::Decapsulated,
-        bytes: len - ENCAP_LEN as u32,
+        bytes: len - decap.len,
     })
 }
 

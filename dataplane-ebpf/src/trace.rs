@@ -11,11 +11,22 @@ use crate::verdict::Dropped;
 
 #[inline(always)]
 pub(crate) fn dropped<C: EbpfContext>(ctx: &C, d: &Dropped) {
-    warn!(
-        ctx,
-        "dropped ({}): {:i} -> {:i}",
-        d.reason.name(),
-        u32::from_be(d.src),
-        u32::from_be(d.dst)
-    );
+    if d.family == 6 {
+        warn!(
+            ctx,
+            "dropped ({}): {:i} -> {:i}",
+            d.reason.name(),
+            d.src,
+            d.dst
+        );
+    } else {
+        let v4 = |a: &[u8; 16]| u32::from_be_bytes([a[0], a[1], a[2], a[3]]);
+        warn!(
+            ctx,
+            "dropped ({}): {:i} -> {:i}",
+            d.reason.name(),
+            v4(&d.src),
+            v4(&d.dst)
+        );
+    }
 }

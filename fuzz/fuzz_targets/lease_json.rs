@@ -10,6 +10,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = a.vxlan_data();
+    let _ = a.vxlan_v6_data();
+    let _ = a.node_addr();
     let json = a.to_json();
     let b = LeaseAttrs::parse(json.as_bytes()).expect("Weft's own JSON parses");
     assert_eq!(a, b, "{json}");

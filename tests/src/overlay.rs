@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use anyhow::Result;
 use ipnet::Ipv4Net;
 use weft::{
-    dataplane::{DataplaneSpec, Overlay, Peer, XdpMode},
+    dataplane::{DataplaneSpec, Overlay, OwnSubnets, Peer, XdpMode},
     mac::MacAddr,
 };
 
@@ -19,20 +19,29 @@ pub fn vtep_mac(i: u8) -> MacAddr {
     MacAddr([0x02, 0xee, 0, 0, 0, i])
 }
 
-/// A node's dataplane, and the subnet it serves.
+/// The IPv6 VTEP MAC a test gives node `i`.
+pub fn vtep6_mac(i: u8) -> MacAddr {
+    MacAddr([0x02, 0xee, 0, 0, 6, i])
+}
+
+/// A node's dataplane, and the subnets it serves.
 pub struct Setup {
     pub spec: DataplaneSpec,
     pub subnet: Ipv4Net,
+    /// With IPv6 (`spec.public_ipv6` set too).
+    pub subnet6: Option<ipnet::Ipv6Net>,
 }
 
 pub fn spec(node: &Node, subnet: Ipv4Net, pins: &TestPins, mode: XdpMode) -> Setup {
     Setup {
         spec: DataplaneSpec {
             uplink: "eth0".into(),
-            public_ip: node.ip,
+            public_ip: Some(node.ip),
+            public_ipv6: None,
             vni: 1,
             port: 8472,
             vtep_mac: vtep_mac(node.index),
+            vtep6_mac: vtep6_mac(node.index),
             xdp_mode: mode,
             pins: pins.pins().clone(),
             trace_drops: false,
@@ -43,13 +52,15 @@ pub fn spec(node: &Node, subnet: Ipv4Net, pins: &TestPins, mode: XdpMode) -> Set
                 _ => weft::dataplane::HostRouting::Auto,
             },
             state_dir: pins.state_dir(),
-            network: "10.244.0.0/16".parse().expect("a network"),
+            network: Some("10.244.0.0/16".parse().expect("a network")),
+            network6: None,
             masquerade: None,
             forward_rules: true,
             underlay_mtu: None,
             direct_routing: false,
         },
         subnet,
+        subnet6: None,
     }
 }
 
@@ -86,7 +97,11 @@ pub fn with_overlay<T: Send + 'static>(
             .enable_all()
             .build()?;
         rt.block_on(async move {
-            let mut o = Overlay::setup(&setup.spec, setup.subnet).await?;
+            let own = OwnSubnets {
+                v4: Some(setup.subnet),
+                v6: setup.subnet6,
+            };
+            let mut o = Overlay::setup(&setup.spec, own).await?;
             f(&mut o).await
         })
     })?
@@ -94,11 +109,7 @@ pub fn with_overlay<T: Send + 'static>(
 
 /// The peer entry for `node` serving `subnet`.
 pub fn peer(node: &Node, subnet: Ipv4Net) -> Peer {
-    Peer {
-        subnet,
-        vtep: node.ip,
-        mac: vtep_mac(node.index),
-    }
+    Peer::v4(subnet, node.ip, vtep_mac(node.index))
 }
 
 pub fn subnet_of(i: u8) -> Ipv4Net {

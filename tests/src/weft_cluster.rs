@@ -181,8 +181,29 @@ impl WeftNode {
         self.node.use_subnet_weft(self.subnet, 1450, &state);
     }
 
-    /// The subnets in this agent's pinned peer map.
+    /// The IPv4 subnets in this agent's pinned peer map.
     pub fn peer_subnets(&self) -> Vec<Ipv4Net> {
+        self.peer_nets()
+            .into_iter()
+            .filter_map(|n| match n {
+                ipnet::IpNet::V4(s) => Some(s),
+                ipnet::IpNet::V6(_) => None,
+            })
+            .collect()
+    }
+
+    /// The IPv6 subnets in this agent's pinned peer map.
+    pub fn peer_subnets6(&self) -> Vec<ipnet::Ipv6Net> {
+        self.peer_nets()
+            .into_iter()
+            .filter_map(|n| match n {
+                ipnet::IpNet::V6(s) => Some(s),
+                ipnet::IpNet::V4(_) => None,
+            })
+            .collect()
+    }
+
+    fn peer_nets(&self) -> Vec<ipnet::IpNet> {
         PeerMaps::open(self.pins.pins())
             .and_then(|m| m.peers())
             .map(|p| p.into_keys().collect())

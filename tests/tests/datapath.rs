@@ -346,11 +346,7 @@ fn interop_with_a_flannel_node_using_the_kernel_vxlan_device() {
     )
     .unwrap();
     let pins = TestPins::new();
-    let flannel_peer = weft::dataplane::Peer {
-        subnet: subnet_of(2),
-        vtep: flannel.ip,
-        mac: flannel_mac,
-    };
+    let flannel_peer = weft::dataplane::Peer::v4(subnet_of(2), flannel.ip, flannel_mac);
     install(
         &weft_node,
         spec(&weft_node, subnet_of(1), &pins, XdpMode::Auto),

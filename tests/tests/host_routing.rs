@@ -28,7 +28,16 @@ fn count(c: &Counters, r: Reason) -> u64 {
 }
 
 fn endpoints(n: &WeftNode) -> std::collections::HashMap<Ipv4Addr, dataplane_common::Endpoint> {
-    EndpointMap::open(n.pins.pins()).unwrap().all().unwrap()
+    EndpointMap::open(n.pins.pins())
+        .unwrap()
+        .all()
+        .unwrap()
+        .into_iter()
+        .filter_map(|(ip, e)| match ip {
+            std::net::IpAddr::V4(a) => Some((a, e)),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect()
 }
 
 fn two_nodes(extra: &[&str]) -> WeftCluster {

@@ -88,7 +88,7 @@ fn a_podman_container_on_a_weft_network() {
             .unwrap()
     };
     eventually("the container is a registered endpoint", T, || {
-        endpoints().contains_key(&ip).then_some(())
+        endpoints().contains_key(&ip.into()).then_some(())
     });
 
     // It reaches a pod on the other node, and that pod reaches it.
@@ -107,7 +107,7 @@ fn a_podman_container_on_a_weft_network() {
     let out = podman.run(&["rm", "-f", "-t", "0", "weftc"]);
     assert!(out.status.success());
     eventually("the container's endpoint is gone", T, || {
-        (!endpoints().contains_key(&ip)).then_some(())
+        (!endpoints().contains_key(&ip.into())).then_some(())
     });
     let records: Vec<String> = std::fs::read_dir(c.nodes[0].agent.state_dir().join("endpoints"))
         .unwrap()

@@ -87,10 +87,22 @@ impl NetConf {
                 format!("{}: {e}", self.subnet_file.display()),
             )
         })?;
+        // One range and one route per address family, IPv4 first, as
+        // flannel's plugin writes them.
+        let mut ranges = Vec::new();
+        let mut routes = Vec::new();
+        if let Some(f) = &env.ipv4 {
+            ranges.push(json!([{"subnet": f.subnet.trunc().to_string()}]));
+            routes.push(json!({"dst": f.network.to_string()}));
+        }
+        if let Some(f) = &env.ipv6 {
+            ranges.push(json!([{"subnet": f.subnet.trunc().to_string()}]));
+            routes.push(json!({"dst": f.network.to_string()}));
+        }
         let mut ipam = json!({
             "type": "host-local",
-            "ranges": [[{"subnet": env.subnet.trunc().to_string()}]],
-            "routes": [{"dst": env.network.to_string()}],
+            "ranges": ranges,
+            "routes": routes,
         });
         if let Some(d) = &self.data_dir {
             ipam["dataDir"] = json!(d);

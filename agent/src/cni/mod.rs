@@ -224,7 +224,9 @@ fn check(conf: &NetConf, env: &Env) -> Result<(), CniError> {
         prev,
         rec.delegate.clone(),
     )?;
-    if (now.ip, now.pod_mac, now.host_if.as_str()) != (rec.ip, rec.pod_mac, rec.host_if.as_str()) {
+    if (now.ip, &now.other_ips, now.pod_mac, now.host_if.as_str())
+        != (rec.ip, &rec.other_ips, rec.pod_mac, rec.host_if.as_str())
+    {
         return Err(CniError::new(
             Code::Plugin,
             format!(

@@ -4,11 +4,11 @@
 //! start and whenever the plugin says something changed.
 
 use std::{
-    net::Ipv4Addr,
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -24,7 +24,11 @@ pub(crate) struct Record {
     pub(crate) ifname: String,
     pub(crate) netns: String,
     pub(crate) network: String,
-    pub(crate) ip: Ipv4Addr,
+    /// The pod's address (IPv4 if it has one).
+    pub(crate) ip: IpAddr,
+    /// Its other addresses (a dual-stack pod's IPv6 address).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) other_ips: Vec<IpAddr>,
     pub(crate) pod_mac: MacAddr,
     pub(crate) host_if: String,
     pub(crate) host_ifindex: u32,
@@ -55,7 +59,7 @@ fn bad(msg: String) -> CniError {
 
 impl Record {
     /// The endpoint a CNI result describes: the container's interface
-    /// `ifname` (its MAC and IPv4 address), and the host side of its veth
+    /// `ifname` (its MAC and addresses), and the host side of its veth
     /// (an interface of the result outside the sandbox, not the bridge).
     pub(crate) fn from_result(
         conf: &NetConf,
@@ -80,7 +84,7 @@ impl Record {
             .as_str()
             .and_then(|m| m.parse().ok())
             .ok_or_else(|| bad(format!("the result gives {ifname} no MAC")))?;
-        let ip = result["ips"]
+        let mut ips: Vec<IpAddr> = result["ips"]
             .as_array()
             .into_iter()
             .flatten()
@@ -89,10 +93,16 @@ impl Record {
                     .as_u64()
                     .is_none_or(|i| i as usize == pod_idx)
             })
-            .filter_map(|a| a["address"].as_str()?.parse::<Ipv4Net>().ok())
+            .filter_map(|a| a["address"].as_str()?.parse::<IpNet>().ok())
             .map(|n| n.addr())
-            .next()
-            .ok_or_else(|| bad(format!("the result gives {ifname} no IPv4 address")))?;
+            .collect();
+        // IPv4 first, as the primary address.
+        ips.sort_by_key(|a| a.is_ipv6());
+        ips.dedup();
+        if ips.is_empty() {
+            return Err(bad(format!("the result gives {ifname} no IP address")));
+        }
+        let ip = ips.remove(0);
         let host_if = ifaces
             .iter()
             .filter(|i| !in_sandbox(i))
@@ -115,6 +125,7 @@ impl Record {
             netns: netns.to_string(),
             network: conf.name.clone(),
             ip,
+            other_ips: ips,
             pod_mac,
             host_if,
             host_ifindex,
@@ -131,16 +142,20 @@ impl Record {
         owner(&self.container_id, &self.ifname)
     }
 
-    pub(crate) fn endpoint(&self) -> EndpointSpec {
-        EndpointSpec {
-            owner: self.owner(),
-            ip: self.ip,
-            host_if: self.host_if.clone(),
-            host_ifindex: self.host_ifindex,
-            pod_mac: self.pod_mac,
-            gw_mac: self.gw_mac,
-            added_ns: self.added_ns,
-        }
+    /// The endpoints of the attachment: one per address.
+    pub(crate) fn endpoints(&self) -> Vec<EndpointSpec> {
+        std::iter::once(self.ip)
+            .chain(self.other_ips.iter().copied())
+            .map(|ip| EndpointSpec {
+                owner: self.owner(),
+                ip,
+                host_if: self.host_if.clone(),
+                host_ifindex: self.host_ifindex,
+                pod_mac: self.pod_mac,
+                gw_mac: self.gw_mac,
+                added_ns: self.added_ns,
+            })
+            .collect()
     }
 }
 

@@ -18,7 +18,7 @@ use crate::{
         Hook, Netlink, PeerMaps, PinDir, device_name, gro, is_bpffs, pinned_links, pinned_program,
         read_iface_sysctl, read_sysctl, tx_checksum,
     },
-    lease::{self, EtcdStore, LeaseAttrs, Store as _, to_key},
+    lease::{self, EtcdStore, LeaseAttrs, Store as _},
     report,
 };
 
@@ -420,7 +420,7 @@ async fn subnet_and_lease(f: &mut Findings, a: &DoctorArgs<'_>, public_ip: Ipv4A
             return;
         }
     };
-    let key = format!("{}/subnets/{}", a.node.etcd.prefix(), to_key(&subnet));
+    let key = format!("{}/subnets/{}", a.node.etcd.prefix(), subnet.key());
     let mut o = a.node.etcd.options();
     o.request_timeout = Duration::from_secs(2);
     let got = tokio::time::timeout(Duration::from_secs(4), async {
@@ -468,8 +468,17 @@ fn probes(
         f.ok("peers", "no peers yet");
         return;
     }
+    let v6 = peers.iter().filter(|p| p.subnet.addr().is_ipv6()).count();
+    if v6 > 0 {
+        f.ok(
+            "peers",
+            format!("{v6} IPv6 peers (probed through their IPv4 VTEPs only)"),
+        );
+    }
     for p in peers {
-        let to = p.subnet.network();
+        let std::net::IpAddr::V4(to) = p.subnet.network() else {
+            continue;
+        };
         let name = format!("peer {}", p.subnet);
         let big = echo(to, overlay_mtu as usize, timeout);
         match big {

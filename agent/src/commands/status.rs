@@ -1,7 +1,11 @@
 //! `weft status`: this node at a glance, from the pinned maps and links,
 //! the subnet file, netlink, and (if reachable) etcd.
 
-use std::{net::Ipv4Addr, path::Path, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+    time::Duration,
+};
 
 use anyhow::Result;
 use serde_json::json;
@@ -11,7 +15,7 @@ use crate::{
     dataplane::{
         Counters, EndpointMap, Hook, Netlink, PeerMaps, PinDir, pinned_links, pinned_program,
     },
-    lease::{self, EtcdOptions, EtcdStore, Store as _, to_key},
+    lease::{self, EtcdOptions, EtcdStore, Store as _},
     mac::MacAddr,
     report,
 };
@@ -28,7 +32,7 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
     let mut peers: Vec<_> = maps.peers()?.into_values().collect();
     peers.sort_by_key(|p| p.subnet);
     let direct = maps.direct_subnets()?;
-    let path = |s: &ipnet::Ipv4Net| {
+    let path = |s: &ipnet::IpNet| {
         if direct.contains(s) {
             "direct"
         } else {
@@ -63,7 +67,7 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
     // The lease's time to live, if etcd answers quickly.
     let lease = match subnet {
         Some(s) => {
-            let key = format!("{}/subnets/{}", etcd.prefix(), to_key(&s));
+            let key = format!("{}/subnets/{}", etcd.prefix(), s.key());
             let mut o = etcd.options();
             o.request_timeout = Duration::from_secs(2);
             match tokio::time::timeout(Duration::from_secs(3), lease_ttl(&o, &key)).await {
@@ -76,14 +80,19 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
     };
 
     let local = Ipv4Addr::from(cfg.local_addr_be.to_ne_bytes());
+    let v6 = cfg.flags & dataplane_common::CONFIG_F_IPV6 != 0;
+    let local6 = v6.then(|| Ipv6Addr::from(cfg.local_addr6));
     if json_out {
         let doc = json!({
-            "subnet": subnet.map(|s| s.to_string()),
+            "subnet": subnet.and_then(|s| s.v4).map(|s| s.to_string()),
+            "subnet6": subnet.and_then(|s| s.v6).map(|s| s.to_string()),
             "lease": lease,
             "public_ip": local.to_string(),
+            "public_ipv6": local6.map(|a| a.to_string()),
             "vni": cfg.vni,
             "port": cfg.port,
             "vtep_mac": MacAddr(cfg.vtep_mac).to_string(),
+            "vtep6_mac": v6.then(|| MacAddr(cfg.vtep6_mac).to_string()),
             "uplink": uplink.as_ref().map(|l| json!({"name": l.name, "ifindex": l.index, "mtu": l.mtu})),
             "attached": attach.iter().map(|(i, h, p, m)| json!({"iface": i, "hook": h, "program": p, "xdp_mode": m})).collect::<Vec<_>>(),
             "peers": peers.iter().map(|p| json!({"subnet": p.subnet.to_string(), "vtep": p.vtep.to_string(), "mac": p.mac.to_string(), "path": path(&p.subnet)})).collect::<Vec<_>>(),
@@ -110,6 +119,13 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
         cfg.port,
         MacAddr(cfg.vtep_mac)
     );
+    if let Some(l6) = local6 {
+        println!(
+            "  VTEP IPv6  {l6}  MAC {}  device MTU {}",
+            MacAddr(cfg.vtep6_mac),
+            cfg.overlay6_mtu
+        );
+    }
     if let Some(u) = &uplink {
         println!(
             "  uplink     {} (ifindex {}, MTU {})",

@@ -9,7 +9,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    net::Ipv4Addr,
+    net::IpAddr,
 };
 
 use anyhow::Result;
@@ -28,7 +28,7 @@ use crate::mac::MacAddr;
 pub struct EndpointSpec {
     /// Who registered it: CNI container id and interface name.
     pub owner: String,
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     /// The host side of the pod's veth, by name and index.
     pub host_if: String,
     pub host_ifindex: u32,
@@ -57,8 +57,8 @@ fn choose<'a>(
     want: &'a [EndpointSpec],
     links: &HashMap<u32, String>,
     gone: &mut Vec<String>,
-) -> HashMap<Ipv4Addr, &'a EndpointSpec> {
-    let mut chosen: HashMap<Ipv4Addr, &EndpointSpec> = HashMap::new();
+) -> HashMap<IpAddr, &'a EndpointSpec> {
+    let mut chosen: HashMap<IpAddr, &EndpointSpec> = HashMap::new();
     for e in want {
         if links.get(&e.host_ifindex) != Some(&e.host_if) {
             gone.push(e.owner.clone());
@@ -76,7 +76,7 @@ fn choose<'a>(
 
 #[derive(Default)]
 pub(crate) struct Endpoints {
-    active: HashMap<Ipv4Addr, EndpointSpec>,
+    active: HashMap<IpAddr, EndpointSpec>,
 }
 
 impl Endpoints {
@@ -100,7 +100,7 @@ impl Endpoints {
         let chosen = choose(want, &links, &mut out.gone);
         // Gone first, so a veth that now serves another address is not
         // left with the old one.
-        let stale: Vec<Ipv4Addr> = self
+        let stale: Vec<IpAddr> = self
             .active
             .iter()
             .filter(|(ip, e)| chosen.get(ip).is_none_or(|c| *c != *e))
@@ -189,7 +189,7 @@ mod tests {
     fn ep(owner: &str, ip: [u8; 4], veth: &str, idx: u32, at: u128) -> EndpointSpec {
         EndpointSpec {
             owner: owner.into(),
-            ip: Ipv4Addr::from(ip),
+            ip: std::net::Ipv4Addr::from(ip).into(),
             host_if: veth.into(),
             host_ifindex: idx,
             pod_mac: MacAddr([2, 0, 0, 0, 0, 1]),
@@ -218,14 +218,14 @@ mod tests {
         ];
         let mut gone = Vec::new();
         let chosen = choose(&want, &links, &mut gone);
-        assert_eq!(chosen[&Ipv4Addr::new(10, 5, 1, 2)].owner, "b");
-        assert_eq!(chosen[&Ipv4Addr::new(10, 5, 1, 3)].owner, "c");
+        assert_eq!(chosen[&IpAddr::from([10, 5, 1, 2])].owner, "b");
+        assert_eq!(chosen[&IpAddr::from([10, 5, 1, 3])].owner, "c");
         assert_eq!(chosen.len(), 2);
         assert_eq!(gone, ["d", "e"]);
         // Order of registration does not matter.
         let mut rev = want.clone();
         rev.reverse();
         let chosen = choose(&rev, &links, &mut Vec::new());
-        assert_eq!(chosen[&Ipv4Addr::new(10, 5, 1, 2)].owner, "b");
+        assert_eq!(chosen[&IpAddr::from([10, 5, 1, 2])].owner, "b");
     }
 }

@@ -2,6 +2,10 @@
 //! restored by `weft teardown`.
 //!
 //! - `net.ipv4.ip_forward=1`: pods' traffic is routed through the node.
+//! - With IPv6: `net.ipv6.conf.all.forwarding=1`, and on the uplink
+//!   `accept_ra=2` where it was 1 (forwarding would otherwise stop the
+//!   uplink from taking router advertisements, and with them, maybe, its
+//!   address and default route).
 //! - Loose reverse-path filtering (rp_filter=2) on the uplink, where
 //!   decapsulated packets from remote pods enter the stack: their route
 //!   back goes through the overlay device, which strict filtering (1)
@@ -21,13 +25,32 @@ use super::sysctl;
 
 const SAVED: &str = "saved-sysctls";
 
-/// Sets what is not set yet; returns whether anything was.
-pub(crate) fn apply(uplink: &str, state_dir: &Path) -> Result<bool> {
+/// Sets what is not set yet (the IPv6 settings when `ipv6`); returns
+/// whether anything was.
+pub(crate) fn apply(uplink: &str, state_dir: &Path, ipv6: bool) -> Result<bool> {
     let mut changed = false;
     if sysctl::read("net.ipv4.ip_forward")? != "1" {
         sysctl::write("net.ipv4.ip_forward", "1")?;
         tracing::info!("enabled net.ipv4.ip_forward");
         changed = true;
+    }
+    if ipv6 {
+        // The uplink first: once forwarding is on, accept_ra=1 ignores
+        // router advertisements.
+        let ra = sysctl::read_iface("ipv6", uplink, "accept_ra")?;
+        if ra == "1" {
+            save(state_dir, &format!("net.ipv6.conf.{uplink}.accept_ra"), &ra)?;
+            sysctl::write_iface("ipv6", uplink, "accept_ra", "2")?;
+            tracing::info!(uplink, "accept_ra=2 on the uplink, so it keeps taking router advertisements with forwarding on");
+            changed = true;
+        }
+        let fwd = sysctl::read_iface("ipv6", "all", "forwarding")?;
+        if fwd != "1" {
+            save(state_dir, "net.ipv6.conf.all.forwarding", &fwd)?;
+            sysctl::write_iface("ipv6", "all", "forwarding", "1")?;
+            tracing::info!("enabled net.ipv6.conf.all.forwarding");
+            changed = true;
+        }
     }
     let all: u8 = sysctl::read_iface("ipv4", "all", "rp_filter")?
         .parse()
@@ -58,15 +81,18 @@ pub(crate) fn restore(state_dir: &Path) -> Result<Vec<String>> {
     };
     let mut restored = Vec::new();
     for (key, value) in text.lines().filter_map(|l| l.split_once('=')) {
-        let (iface, leaf) = match key
+        let Some((family, rest)) = key
             .strip_prefix("net.ipv4.conf.")
-            .and_then(|r| r.rsplit_once('.'))
-        {
-            Some(x) => x,
-            None => continue,
+            .map(|r| ("ipv4", r))
+            .or_else(|| key.strip_prefix("net.ipv6.conf.").map(|r| ("ipv6", r)))
+        else {
+            continue;
+        };
+        let Some((iface, leaf)) = rest.rsplit_once('.') else {
+            continue;
         };
         // The device may be gone; then so is its setting.
-        if sysctl::write_iface("ipv4", iface, leaf, value).is_ok() {
+        if sysctl::write_iface(family, iface, leaf, value).is_ok() {
             restored.push(format!("sysctl {key}={value}"));
         }
     }

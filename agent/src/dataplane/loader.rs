@@ -167,6 +167,8 @@ impl Loaded {
             .override_global("NF_CONN_STATUS_OFF", &status_off, true)
             .map_max_entries(map_names::PEERS, opts.max_peers)
             .map_max_entries(map_names::VTEPS, opts.max_peers)
+            .map_max_entries(map_names::PEERS6, opts.max_peers)
+            .map_max_entries(map_names::VTEPS6, opts.max_peers)
             .default_map_pin_directory(pins.maps())
             .load(object.bytes())
             .context("loading the eBPF object (maps and programs)")?;
@@ -377,7 +379,9 @@ fn check_pins(pins: &PinDir, opts: &LoadOptions) -> Result<Vec<Replaced>> {
             continue;
         }
         let max_entries = match name.as_str() {
-            map_names::PEERS | map_names::VTEPS => opts.max_peers,
+            map_names::PEERS | map_names::VTEPS | map_names::PEERS6 | map_names::VTEPS6 => {
+                opts.max_peers
+            }
             _ => def.max_entries(),
         };
         let want = (

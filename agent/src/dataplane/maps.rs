@@ -2,7 +2,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use anyhow::{Context as _, Result};
@@ -11,11 +11,11 @@ use aya::maps::{
     lpm_trie::Key,
 };
 use dataplane_common::{
-    Counter, DataplaneConfig, Endpoint, Reason, VTEP_F_DIRECT, Vtep, VtepInfo, map_names,
+    Counter, DataplaneConfig, Endpoint, Reason, VTEP_F_DIRECT, Vtep, Vtep6, VtepInfo, map_names,
 };
 
 use super::bpffs::PinDir;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::Peer;
 use crate::mac::MacAddr;
@@ -40,22 +40,30 @@ fn from_be(v: u32) -> Ipv4Addr {
     Ipv4Addr::from(v.to_ne_bytes())
 }
 
-/// Every entry of a peer map.
-fn read_trie(trie: &LpmTrie<MapData, u32, Vtep>) -> Result<HashMap<Ipv4Net, Peer>> {
+/// Every entry of an IPv4 peer map.
+fn read_trie(trie: &LpmTrie<MapData, u32, Vtep>) -> Result<HashMap<IpNet, Peer>> {
     let mut out = HashMap::new();
     for item in trie.iter() {
         let (k, v) = item?;
         let subnet = Ipv4Net::new(from_be(k.data()), k.prefix_len() as u8)
             .context("a peer map key with a bad prefix length")?
             .trunc();
-        out.insert(
-            subnet,
-            Peer {
-                subnet,
-                vtep: from_be(v.addr_be),
-                mac: MacAddr(v.mac),
-            },
-        );
+        let p = Peer::v4(subnet, from_be(v.addr_be), MacAddr(v.mac));
+        out.insert(p.subnet, p);
+    }
+    Ok(out)
+}
+
+/// Every entry of the IPv6 peer map.
+fn read_trie6(trie: &LpmTrie<MapData, [u8; 16], Vtep6>) -> Result<HashMap<IpNet, Peer>> {
+    let mut out = HashMap::new();
+    for item in trie.iter() {
+        let (k, v) = item?;
+        let subnet = Ipv6Net::new(Ipv6Addr::from(k.data()), k.prefix_len() as u8)
+            .context("an IPv6 peer map key with a bad prefix length")?
+            .trunc();
+        let p = Peer::v6(subnet, Ipv6Addr::from(v.addr), MacAddr(v.mac));
+        out.insert(p.subnet, p);
     }
     Ok(out)
 }
@@ -101,10 +109,12 @@ impl Counters {
     }
 }
 
-/// The peer tables and the config entry.
+/// The peer tables (IPv4 and IPv6) and the config entry.
 pub struct PeerMaps {
     peers: LpmTrie<MapData, u32, Vtep>,
     vteps: BpfHashMap<MapData, u32, VtepInfo>,
+    peers6: LpmTrie<MapData, [u8; 16], Vtep6>,
+    vteps6: BpfHashMap<MapData, [u8; 16], VtepInfo>,
     config: Array<MapData, DataplaneConfig>,
 }
 
@@ -113,6 +123,8 @@ impl PeerMaps {
         Ok(Self {
             peers: LpmTrie::try_from(open_pinned(pins, map_names::PEERS)?)?,
             vteps: BpfHashMap::try_from(open_pinned(pins, map_names::VTEPS)?)?,
+            peers6: LpmTrie::try_from(open_pinned(pins, map_names::PEERS6)?)?,
+            vteps6: BpfHashMap::try_from(open_pinned(pins, map_names::VTEPS6)?)?,
             config: Array::try_from(open_pinned(pins, map_names::CONFIG)?)?,
         })
     }
@@ -127,58 +139,78 @@ impl PeerMaps {
             .context("writing the dataplane config")
     }
 
-    /// The peers in the map.
-    pub fn peers(&self) -> Result<HashMap<Ipv4Net, Peer>> {
-        read_trie(&self.peers)
+    /// The peers in the maps, both families.
+    pub fn peers(&self) -> Result<HashMap<IpNet, Peer>> {
+        let mut out = read_trie(&self.peers)?;
+        out.extend(read_trie6(&self.peers6)?);
+        Ok(out)
     }
 
     /// The peers in a peer map that is no longer pinned (replaced by a new
     /// layout); fails if its entries are not this version's.
-    pub(crate) fn read_peers(old: MapData) -> Result<HashMap<Ipv4Net, Peer>> {
-        let trie: LpmTrie<MapData, u32, Vtep> = LpmTrie::try_from(Map::from_map_data(old)?)?;
-        read_trie(&trie)
+    pub(crate) fn read_peers(name: &str, old: MapData) -> Result<HashMap<IpNet, Peer>> {
+        let map = Map::from_map_data(old)?;
+        if name == map_names::PEERS6 {
+            read_trie6(&LpmTrie::try_from(map)?)
+        } else {
+            read_trie(&LpmTrie::try_from(map)?)
+        }
     }
 
     /// The subnets of the peers reached without encapsulation.
-    pub fn direct_subnets(&self) -> Result<HashSet<Ipv4Net>> {
+    pub fn direct_subnets(&self) -> Result<HashSet<IpNet>> {
         let mut out = HashSet::new();
         for item in self.peers.iter() {
             let (k, v) = item?;
             if v.flags & VTEP_F_DIRECT != 0 {
-                out.insert(
+                out.insert(IpNet::V4(
                     Ipv4Net::new(from_be(k.data()), k.prefix_len() as u8)
                         .context("a peer map key with a bad prefix length")?
                         .trunc(),
-                );
+                ));
             }
         }
         Ok(out)
     }
 
     /// The peer of exactly `subnet`, if programmed.
-    pub fn get(&self, subnet: &Ipv4Net) -> Result<Option<Peer>> {
-        let key = Key::new(subnet.prefix_len() as u32, be(subnet.network()));
-        match self.peers.get(&key, 0) {
-            Ok(v) => Ok(Some(Peer {
-                subnet: *subnet,
-                vtep: from_be(v.addr_be),
-                mac: MacAddr(v.mac),
-            })),
+    pub fn get(&self, subnet: &IpNet) -> Result<Option<Peer>> {
+        let found = match subnet {
+            IpNet::V4(s) => {
+                let key = Key::new(s.prefix_len() as u32, be(s.network()));
+                self.peers
+                    .get(&key, 0)
+                    .map(|v| Peer::v4(*s, from_be(v.addr_be), MacAddr(v.mac)))
+            }
+            IpNet::V6(s) => {
+                let key = Key::new(s.prefix_len() as u32, s.network().octets());
+                self.peers6
+                    .get(&key, 0)
+                    .map(|v| Peer::v6(*s, Ipv6Addr::from(v.addr), MacAddr(v.mac)))
+            }
+        };
+        match found {
+            Ok(p) => Ok(Some(p)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// How many peers the map can hold.
+    /// How many peers the IPv4 map can hold (the IPv6 map, as many).
     pub fn capacity(&self) -> Result<u32> {
         Ok(self.peers.map().info()?.max_entries())
     }
 
-    pub fn vteps(&self) -> Result<HashMap<Ipv4Addr, u32>> {
+    /// The VTEP tables: address -> how many subnets it carries.
+    pub fn vteps(&self) -> Result<HashMap<IpAddr, u32>> {
         let mut out = HashMap::new();
         for item in self.vteps.iter() {
             let (k, v) = item?;
-            out.insert(from_be(k), v.subnets);
+            out.insert(IpAddr::V4(from_be(k)), v.subnets);
+        }
+        for item in self.vteps6.iter() {
+            let (k, v) = item?;
+            out.insert(IpAddr::V6(Ipv6Addr::from(k)), v.subnets);
         }
         Ok(out)
     }
@@ -191,16 +223,30 @@ impl PeerMaps {
         if old.map(|o| o.vtep) != Some(p.vtep) {
             self.vtep_ref(p.vtep, 1)?;
         }
-        let key = Key::new(p.subnet.prefix_len() as u32, be(p.subnet.network()));
-        let value = Vtep {
-            addr_be: be(p.vtep),
-            mac: p.mac.0,
-            flags: if direct { VTEP_F_DIRECT } else { 0 },
-            _pad: 0,
+        let r = match (p.subnet, p.vtep) {
+            (IpNet::V4(s), IpAddr::V4(v)) => {
+                let key = Key::new(s.prefix_len() as u32, be(s.network()));
+                let value = Vtep {
+                    addr_be: be(v),
+                    mac: p.mac.0,
+                    flags: if direct { VTEP_F_DIRECT } else { 0 },
+                    _pad: 0,
+                };
+                self.peers.insert(&key, value, 0)
+            }
+            (IpNet::V6(s), IpAddr::V6(v)) => {
+                let key = Key::new(s.prefix_len() as u32, s.network().octets());
+                let value = Vtep6 {
+                    addr: v.octets(),
+                    mac: p.mac.0,
+                    flags: 0,
+                    _pad: 0,
+                };
+                self.peers6.insert(&key, value, 0)
+            }
+            _ => anyhow::bail!("peer {}: a VTEP of another address family", p.subnet),
         };
-        self.peers
-            .insert(&key, value, 0)
-            .with_context(|| format!("programming peer {}", p.subnet))?;
+        r.with_context(|| format!("programming peer {}", p.subnet))?;
         if let Some(o) = old
             && o.vtep != p.vtep
         {
@@ -210,8 +256,15 @@ impl PeerMaps {
     }
 
     pub fn remove(&mut self, old: &Peer) -> Result<()> {
-        let key = Key::new(old.subnet.prefix_len() as u32, be(old.subnet.network()));
-        match self.peers.remove(&key) {
+        let r = match old.subnet {
+            IpNet::V4(s) => self
+                .peers
+                .remove(&Key::new(s.prefix_len() as u32, be(s.network()))),
+            IpNet::V6(s) => self
+                .peers6
+                .remove(&Key::new(s.prefix_len() as u32, s.network().octets())),
+        };
+        match r {
             Ok(()) => {}
             Err(aya::maps::MapError::KeyNotFound) => {}
             Err(e) => return Err(e).with_context(|| format!("removing peer {}", old.subnet)),
@@ -219,74 +272,104 @@ impl PeerMaps {
         self.vtep_ref(old.vtep, -1)
     }
 
-    /// Recomputes the VTEP table from the peer table (after adopting pinned
-    /// maps, in case an earlier run stopped between the two).
-    pub fn rebuild_vteps(&mut self, peers: &HashMap<Ipv4Net, Peer>) -> Result<()> {
-        let mut want: HashMap<Ipv4Addr, u32> = HashMap::new();
+    /// Recomputes the VTEP tables from the peer tables (after adopting
+    /// pinned maps, in case an earlier run stopped between the two).
+    pub fn rebuild_vteps(&mut self, peers: &HashMap<IpNet, Peer>) -> Result<()> {
+        let mut want: HashMap<IpAddr, u32> = HashMap::new();
         for p in peers.values() {
             *want.entry(p.vtep).or_default() += 1;
         }
         for (vtep, _) in self.vteps()? {
             if !want.contains_key(&vtep) {
-                let _ = self.vteps.remove(&be(vtep));
+                let _ = match vtep {
+                    IpAddr::V4(v) => self.vteps.remove(&be(v)),
+                    IpAddr::V6(v) => self.vteps6.remove(&v.octets()),
+                };
             }
         }
         for (vtep, n) in want {
-            self.vteps.insert(be(vtep), VtepInfo { subnets: n }, 0)?;
+            self.set_vtep(vtep, n)?;
         }
         Ok(())
     }
 
-    fn vtep_ref(&mut self, vtep: Ipv4Addr, delta: i32) -> Result<()> {
-        let k = be(vtep);
-        let n = match self.vteps.get(&k, 0) {
+    fn set_vtep(&mut self, vtep: IpAddr, subnets: u32) -> Result<()> {
+        let v = VtepInfo { subnets };
+        match vtep {
+            IpAddr::V4(a) => self.vteps.insert(be(a), v, 0),
+            IpAddr::V6(a) => self.vteps6.insert(a.octets(), v, 0),
+        }
+        .with_context(|| format!("recording VTEP {vtep}"))
+    }
+
+    fn vtep_ref(&mut self, vtep: IpAddr, delta: i32) -> Result<()> {
+        let got = match vtep {
+            IpAddr::V4(a) => self.vteps.get(&be(a), 0),
+            IpAddr::V6(a) => self.vteps6.get(&a.octets(), 0),
+        };
+        let n = match got {
             Ok(v) => v.subnets as i64,
             Err(aya::maps::MapError::KeyNotFound) => 0,
             Err(e) => return Err(e.into()),
         } + delta as i64;
         if n <= 0 {
-            match self.vteps.remove(&k) {
+            let r = match vtep {
+                IpAddr::V4(a) => self.vteps.remove(&be(a)),
+                IpAddr::V6(a) => self.vteps6.remove(&a.octets()),
+            };
+            match r {
                 Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
                 Err(e) => Err(e.into()),
             }
         } else {
-            self.vteps
-                .insert(k, VtepInfo { subnets: n as u32 }, 0)
-                .with_context(|| format!("recording VTEP {vtep}"))
+            self.set_vtep(vtep, n as u32)
         }
     }
 }
 
-/// The endpoint map: local pods that host routing delivers to directly.
+/// The endpoint maps: local pods that host routing delivers to directly,
+/// by IPv4 and by IPv6 address.
 pub struct EndpointMap {
     map: BpfHashMap<MapData, u32, Endpoint>,
+    map6: BpfHashMap<MapData, [u8; 16], Endpoint>,
 }
 
 impl EndpointMap {
     pub fn open(pins: &PinDir) -> Result<Self> {
         Ok(Self {
             map: BpfHashMap::try_from(open_pinned(pins, map_names::ENDPOINTS)?)?,
+            map6: BpfHashMap::try_from(open_pinned(pins, map_names::ENDPOINTS6)?)?,
         })
     }
 
     /// Every entry: pod address -> endpoint.
-    pub fn all(&self) -> Result<HashMap<Ipv4Addr, Endpoint>> {
+    pub fn all(&self) -> Result<HashMap<IpAddr, Endpoint>> {
         let mut out = HashMap::new();
         for item in self.map.iter() {
             let (k, v) = item?;
-            out.insert(from_be(k), v);
+            out.insert(IpAddr::V4(from_be(k)), v);
+        }
+        for item in self.map6.iter() {
+            let (k, v) = item?;
+            out.insert(IpAddr::V6(Ipv6Addr::from(k)), v);
         }
         Ok(out)
     }
 
-    pub(crate) fn set(&mut self, ip: Ipv4Addr, ep: &Endpoint) -> Result<()> {
-        self.map
-            .insert(be(ip), *ep, 0)
-            .with_context(|| format!("programming endpoint {ip}"))
+    pub(crate) fn set(&mut self, ip: IpAddr, ep: &Endpoint) -> Result<()> {
+        match ip {
+            IpAddr::V4(a) => self.map.insert(be(a), *ep, 0),
+            IpAddr::V6(a) => self.map6.insert(a.octets(), *ep, 0),
+        }
+        .with_context(|| format!("programming endpoint {ip}"))
     }
 
-    pub(crate) fn remove(&mut self, ip: Ipv4Addr) -> Result<()> {
-        match self.map.remove(&be(ip)) {
+    pub(crate) fn remove(&mut self, ip: IpAddr) -> Result<()> {
+        let r = match ip {
+            IpAddr::V4(a) => self.map.remove(&be(a)),
+            IpAddr::V6(a) => self.map6.remove(&a.octets()),
+        };
+        match r {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(e).with_context(|| format!("removing endpoint {ip}")),
         }

@@ -24,19 +24,19 @@ mod trace;
 
 use std::{
     collections::{HashMap, HashSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     sync::Arc,
 };
 
 use anyhow::Result;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 pub use bpffs::{DEFAULT_DIR as DEFAULT_PIN_DIR, PinDir, is_bpffs};
 pub use endpoints::{EndpointSpec, EndpointSync};
 pub use loader::{Attachment, Hook, LoadOptions, Loaded, detach, ifindex};
 pub use maps::{Counters, EndpointMap, PeerMaps};
-pub use overlay::{DecapChoice, Healed, Overlay, device_name};
+pub use overlay::{DecapChoice, Healed, Overlay, device_name, device6_name};
 
 pub(crate) use ethtool::{gro, tx_checksum};
 pub(crate) use events::watch as watch_changes;
@@ -47,12 +47,33 @@ pub(crate) use sysctl::{read as read_sysctl, read_iface as read_iface_sysctl};
 
 use crate::mac::MacAddr;
 
-/// One remote subnet and the VTEP that serves it.
+/// One remote subnet and the VTEP that serves it: an IPv4 subnet behind an
+/// IPv4 VTEP, or an IPv6 subnet behind an IPv6 VTEP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Peer {
-    pub subnet: Ipv4Net,
-    pub vtep: Ipv4Addr,
+    pub subnet: IpNet,
+    pub vtep: IpAddr,
     pub mac: MacAddr,
+}
+
+impl Peer {
+    /// An IPv4 peer.
+    pub fn v4(subnet: Ipv4Net, vtep: Ipv4Addr, mac: MacAddr) -> Self {
+        Self {
+            subnet: IpNet::V4(subnet),
+            vtep: IpAddr::V4(vtep),
+            mac,
+        }
+    }
+
+    /// An IPv6 peer.
+    pub fn v6(subnet: Ipv6Net, vtep: Ipv6Addr, mac: MacAddr) -> Self {
+        Self {
+            subnet: IpNet::V6(subnet),
+            vtep: IpAddr::V6(vtep),
+            mac,
+        }
+    }
 }
 
 /// A change to the peer table.
@@ -61,7 +82,7 @@ pub enum PeerUpdate {
     /// Install, or replace in place, the peer of this subnet.
     Upsert(Peer),
     /// Remove the peer of this subnet.
-    Remove(Ipv4Net),
+    Remove(IpNet),
 }
 
 /// Where decapsulation runs.
@@ -116,11 +137,16 @@ impl XdpMode {
 pub struct DataplaneSpec {
     /// The uplink device's name.
     pub uplink: String,
-    /// Our VTEP address (outer source, decapsulation destination).
-    pub public_ip: Ipv4Addr,
+    /// Our IPv4 VTEP address (outer source, decapsulation destination);
+    /// None on an IPv6-only node.
+    pub public_ip: Option<Ipv4Addr>,
+    /// Our IPv6 VTEP address, when the network has IPv6.
+    pub public_ipv6: Option<Ipv6Addr>,
     pub vni: u32,
     pub port: u16,
     pub vtep_mac: MacAddr,
+    /// The IPv6 overlay device's MAC (the lease's `BackendV6Data`).
+    pub vtep6_mac: MacAddr,
     pub xdp_mode: XdpMode,
     pub pins: PinDir,
     /// Log every dropped packet (reason and addresses) to the agent's log.
@@ -131,8 +157,10 @@ pub struct DataplaneSpec {
     /// Where host settings changed by Weft are recorded, to be restored by
     /// `weft teardown` (a tmpfs: `/run/weft`).
     pub state_dir: PathBuf,
-    /// The cluster network (flannel's `Network`).
-    pub network: Ipv4Net,
+    /// The cluster network (flannel's `Network`), if it has IPv4.
+    pub network: Option<Ipv4Net>,
+    /// The cluster's IPv6 network (`IPv6Network`), if it has IPv6.
+    pub network6: Option<Ipv6Net>,
     /// Masquerade pods' traffic leaving the cluster network (`--ip-masq`);
     /// `Some(true)`: with fully random source ports.
     pub masquerade: Option<bool>,
@@ -147,19 +175,26 @@ pub struct DataplaneSpec {
     pub direct_routing: bool,
 }
 
+/// This node's own subnets, one per address family the network has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnSubnets {
+    pub v4: Option<Ipv4Net>,
+    pub v6: Option<Ipv6Net>,
+}
+
 /// The dataplane as the agent drives it: the eBPF datapath, or none at all
 /// (control plane only: the peer table is kept and logged).
 pub(crate) struct Dataplane {
     kind: Kind,
     /// Subnets upserted since start; the first sync removes pinned peers
     /// not among them (leases that vanished while the agent was away).
-    seen: HashSet<Ipv4Net>,
+    seen: HashSet<IpNet>,
     first_sync_done: bool,
 }
 
 enum Kind {
     Off {
-        peers: HashMap<Ipv4Net, Peer>,
+        peers: HashMap<IpNet, Peer>,
     },
     Ebpf {
         spec: DataplaneSpec,
@@ -189,21 +224,22 @@ impl Dataplane {
         }
     }
 
-    /// Our subnet is (now) `subnet`: the first call sets the dataplane up
-    /// around it, later calls move it to a new subnet.
-    pub(crate) async fn set_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
+    /// Our subnets are (now) `subnets` (IPv4, IPv6): the first call sets
+    /// the dataplane up around them, later calls move it to new ones.
+    pub(crate) async fn set_subnet(&mut self, subnets: OwnSubnets) -> Result<()> {
         match &mut self.kind {
             Kind::Off { .. } => {
-                tracing::debug!(%subnet, "own subnet (no datapath)");
+                tracing::debug!(?subnets, "own subnets (no datapath)");
                 Ok(())
             }
             Kind::Ebpf { spec, overlay } => match overlay {
-                Some(o) => o.set_subnet(subnet).await,
+                Some(o) => o.set_subnet(subnets).await,
                 None => {
-                    let o = Overlay::setup(spec, subnet).await?;
+                    let o = Overlay::setup(spec, subnets).await?;
                     tracing::info!(
                         device = %device_name(spec.vni),
-                        %subnet,
+                        subnet = ?subnets.v4,
+                        subnet6 = ?subnets.v6,
                         peers = o.peers().len(),
                         "dataplane up"
                     );
@@ -335,7 +371,8 @@ impl Dataplane {
         }
     }
 
-    /// The overlay device's MTU, once the eBPF dataplane is up.
+    /// The pods' MTU (the smallest overlay device's), once the eBPF
+    /// dataplane is up.
     pub(crate) fn mtu(&self) -> Option<u32> {
         match &self.kind {
             Kind::Ebpf {
@@ -346,12 +383,12 @@ impl Dataplane {
     }
 
     /// The subnets of the peers reached without encapsulation.
-    pub(crate) fn direct_peers(&self) -> Vec<Ipv4Net> {
+    pub(crate) fn direct_peers(&self) -> Vec<IpNet> {
         match &self.kind {
             Kind::Ebpf {
                 overlay: Some(o), ..
             } => {
-                let mut v: Vec<Ipv4Net> = o.direct().iter().copied().collect();
+                let mut v: Vec<IpNet> = o.direct().iter().copied().collect();
                 v.sort();
                 v
             }

@@ -19,6 +19,10 @@
 //!   # (random, not fully-random, with --ip-masq-fully-random-disable)
 //!   ```
 //!
+//! With IPv6, table `ip6 weft` holds the same chains for IPv6 (flannel's
+//! ip6tables rules: the multicast exemption is `ff00::/8`), and the forward
+//! rules go into ip6tables' `FORWARD` chain too.
+//!
 //! A base chain's `return` ends that chain only, so other tools' tables
 //! (kube-proxy's, Docker's) keep working exactly as beside flannel's chain.
 //!
@@ -34,10 +38,10 @@
 //! is touched.
 
 use anyhow::Result;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::nftables::{
-    self, ChainSpec, Expr, MASQ_RANDOM_FULLY, NF_INET_FORWARD, NF_INET_POST_ROUTING, Rule,
+    self, ChainSpec, Expr, Family, MASQ_RANDOM_FULLY, NF_INET_FORWARD, NF_INET_POST_ROUTING, Rule,
     TableSpec,
 };
 
@@ -56,10 +60,13 @@ const KUBE_PROXY_MASQ_MARK: u32 = 0x4000;
 /// What netfilter should hold for this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct NetfilterSpec {
-    /// The cluster network (flannel's `Network`).
-    pub(crate) network: Ipv4Net,
-    /// This node's pod subnet.
-    pub(crate) subnet: Ipv4Net,
+    /// The cluster network (flannel's `Network`), with IPv4.
+    pub(crate) network: Option<Ipv4Net>,
+    /// This node's pod subnet, with IPv4.
+    pub(crate) subnet: Option<Ipv4Net>,
+    /// The cluster's IPv6 network and this node's IPv6 subnet, with IPv6.
+    pub(crate) network6: Option<Ipv6Net>,
+    pub(crate) subnet6: Option<Ipv6Net>,
     /// Make conntrack track connections (for host routing's gate).
     pub(crate) track: bool,
     /// Masquerade pods' traffic leaving the cluster network; `Some(true)`:
@@ -69,14 +76,50 @@ pub(crate) struct NetfilterSpec {
     pub(crate) forward_rules: bool,
 }
 
+/// One family's cluster network and node subnet.
+#[derive(Clone, Copy)]
+struct Nets {
+    family: Family,
+    network: IpNet,
+    subnet: IpNet,
+    multicast: IpNet,
+}
+
 impl NetfilterSpec {
-    /// Whether Weft's table has anything to hold.
+    /// Whether Weft's tables have anything to hold.
     fn wants_table(&self) -> bool {
         self.track || self.masquerade.is_some()
     }
 
-    /// Weft's table.
-    pub(crate) fn table(&self) -> TableSpec {
+    /// The families this node has, with their networks.
+    fn families(&self) -> Vec<Nets> {
+        let mut out = Vec::new();
+        if let (Some(network), Some(subnet)) = (self.network, self.subnet) {
+            out.push(Nets {
+                family: Family::Ip,
+                network: network.into(),
+                subnet: subnet.into(),
+                multicast: "224.0.0.0/4".parse().expect("a valid network"),
+            });
+        }
+        if let (Some(network), Some(subnet)) = (self.network6, self.subnet6) {
+            out.push(Nets {
+                family: Family::Ip6,
+                network: network.into(),
+                subnet: subnet.into(),
+                multicast: "ff00::/8".parse().expect("a valid network"),
+            });
+        }
+        out
+    }
+
+    /// Weft's tables, one per family.
+    #[cfg(test)]
+    fn tables(&self) -> Vec<TableSpec> {
+        self.families().into_iter().map(|n| self.table(n)).collect()
+    }
+
+    fn table(&self, n: Nets) -> TableSpec {
         let mut chains = Vec::new();
         if self.track {
             chains.push(ChainSpec {
@@ -91,8 +134,7 @@ impl NetfilterSpec {
             });
         }
         if let Some(fully_random) = self.masquerade {
-            let (net, sub) = (self.network, self.subnet);
-            let multicast: Ipv4Net = "224.0.0.0/4".parse().expect("a valid network");
+            let (net, sub) = (n.network, n.subnet);
             let flags = if fully_random {
                 MASQ_RANDOM_FULLY
             } else {
@@ -125,7 +167,7 @@ impl NetfilterSpec {
                     ]),
                     rule(vec![
                         Expr::saddr(net, false),
-                        Expr::daddr(multicast, true),
+                        Expr::daddr(n.multicast, true),
                         Expr::Counter,
                         Expr::Masquerade { flags },
                     ]),
@@ -139,20 +181,21 @@ impl NetfilterSpec {
             });
         }
         TableSpec {
+            family: n.family,
             name: TABLE,
             chains,
         }
     }
 
-    fn forward_rules_list(&self) -> Vec<Rule> {
+    fn forward_rules_list(network: IpNet) -> Vec<Rule> {
         [true, false]
             .into_iter()
             .map(|src| Rule {
                 exprs: vec![
                     if src {
-                        Expr::saddr(self.network, false)
+                        Expr::saddr(network, false)
                     } else {
-                        Expr::daddr(self.network, false)
+                        Expr::daddr(network, false)
                     },
                     Expr::Counter,
                     Expr::Accept,
@@ -163,84 +206,110 @@ impl NetfilterSpec {
     }
 }
 
-/// Writes everything `spec` asks for (Weft's table replaced whole, the
+/// Writes everything `spec` asks for (Weft's tables replaced whole, the
 /// forward rules replaced), or removes what it no longer asks for.
 pub(crate) fn apply(spec: &NetfilterSpec) -> Result<()> {
-    if spec.wants_table() {
-        nftables::apply_table(&spec.table())?;
-    } else {
-        nftables::remove_table(TABLE)?;
-    }
-    if spec.forward_rules {
-        if nftables::has_chain(IPTABLES_TABLE, IPTABLES_FORWARD)? {
-            nftables::replace_rules_in(
-                IPTABLES_TABLE,
-                IPTABLES_FORWARD,
-                FORWARD_COMMENT,
-                &spec.forward_rules_list(),
-            )?;
+    let families = spec.families();
+    for family in [Family::Ip, Family::Ip6] {
+        let nets = families.iter().find(|n| n.family == family);
+        match nets {
+            Some(n) if spec.wants_table() => nftables::apply_table(&spec.table(*n))?,
+            _ => {
+                nftables::remove_table(family, TABLE)?;
+            }
         }
-    } else {
-        remove_forward_rules()?;
+        match nets {
+            Some(n) if spec.forward_rules => {
+                if nftables::has_chain(family, IPTABLES_TABLE, IPTABLES_FORWARD)? {
+                    nftables::replace_rules_in(
+                        family,
+                        IPTABLES_TABLE,
+                        IPTABLES_FORWARD,
+                        FORWARD_COMMENT,
+                        &NetfilterSpec::forward_rules_list(n.network),
+                    )?;
+                }
+            }
+            _ => {
+                remove_forward_rules(family)?;
+            }
+        }
     }
     Ok(())
 }
 
 /// Puts back what something else removed; returns what was repaired:
-/// `nftables` (Weft's table), `forward_rules` (iptables' FORWARD chain
+/// `nftables` (Weft's tables), `forward_rules` (iptables' FORWARD chain
 /// appeared, or Weft's rules in it went missing).
 pub(crate) fn heal(spec: &NetfilterSpec) -> Result<Vec<&'static str>> {
     let mut repaired = Vec::new();
-    if spec.wants_table() {
-        let table = spec.table();
-        let complete = nftables::has_table(TABLE)?
-            && table
-                .chains
-                .iter()
-                .map(|c| nftables::has_chain(TABLE, c.name))
-                .collect::<Result<Vec<bool>>>()?
-                .into_iter()
-                .all(|b| b)
-            && table.chains.iter().all(|c| {
-                nftables::handles_with_comment(TABLE, c.name, c.rules[0].comment)
-                    .is_ok_and(|h| h.len() == c.rules.len())
-            });
-        if !complete {
-            nftables::apply_table(&table)?;
-            repaired.push("nftables");
+    for n in spec.families() {
+        let f = n.family;
+        if spec.wants_table() {
+            let table = spec.table(n);
+            let complete = nftables::has_table(f, TABLE)?
+                && table
+                    .chains
+                    .iter()
+                    .map(|c| nftables::has_chain(f, TABLE, c.name))
+                    .collect::<Result<Vec<bool>>>()?
+                    .into_iter()
+                    .all(|b| b)
+                && table.chains.iter().all(|c| {
+                    nftables::handles_with_comment(f, TABLE, c.name, c.rules[0].comment)
+                        .is_ok_and(|h| h.len() == c.rules.len())
+                });
+            if !complete {
+                nftables::apply_table(&table)?;
+                if !repaired.contains(&"nftables") {
+                    repaired.push("nftables");
+                }
+            }
         }
-    }
-    if spec.forward_rules && nftables::has_chain(IPTABLES_TABLE, IPTABLES_FORWARD)? {
-        let want = spec.forward_rules_list();
-        let have =
-            nftables::handles_with_comment(IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT)?;
-        if have.len() != want.len() {
-            nftables::replace_rules_in(IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT, &want)?;
-            repaired.push("forward_rules");
+        if spec.forward_rules && nftables::has_chain(f, IPTABLES_TABLE, IPTABLES_FORWARD)? {
+            let want = NetfilterSpec::forward_rules_list(n.network);
+            let have =
+                nftables::handles_with_comment(f, IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT)?;
+            if have.len() != want.len() {
+                nftables::replace_rules_in(
+                    f,
+                    IPTABLES_TABLE,
+                    IPTABLES_FORWARD,
+                    FORWARD_COMMENT,
+                    &want,
+                )?;
+                if !repaired.contains(&"forward_rules") {
+                    repaired.push("forward_rules");
+                }
+            }
         }
     }
     Ok(repaired)
 }
 
-/// Removes Weft's rules from iptables' FORWARD chain; returns how many.
-fn remove_forward_rules() -> Result<usize> {
-    if !nftables::has_chain(IPTABLES_TABLE, IPTABLES_FORWARD)? {
+/// Removes Weft's rules from iptables' (or ip6tables') FORWARD chain;
+/// returns how many.
+fn remove_forward_rules(family: Family) -> Result<usize> {
+    if !nftables::has_chain(family, IPTABLES_TABLE, IPTABLES_FORWARD)? {
         return Ok(0);
     }
-    nftables::replace_rules_in(IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT, &[])
+    nftables::replace_rules_in(family, IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT, &[])
 }
 
 /// Removes everything Weft put into netfilter; returns what it removed.
 pub(crate) fn remove() -> Result<Vec<String>> {
     let mut removed = Vec::new();
-    if nftables::remove_table(TABLE)? {
-        removed.push(format!("nftables table ip {TABLE}"));
-    }
-    let n = remove_forward_rules()?;
-    if n > 0 {
-        removed.push(format!(
-            "{n} rules from iptables' {IPTABLES_FORWARD} chain (\"{FORWARD_COMMENT}\")"
-        ));
+    for family in [Family::Ip, Family::Ip6] {
+        if nftables::remove_table(family, TABLE)? {
+            removed.push(format!("nftables table {} {TABLE}", family.name()));
+        }
+        let n = remove_forward_rules(family)?;
+        if n > 0 {
+            removed.push(format!(
+                "{n} rules from {}'s {IPTABLES_FORWARD} chain (\"{FORWARD_COMMENT}\")",
+                if family == Family::Ip { "iptables" } else { "ip6tables" }
+            ));
+        }
     }
     Ok(removed)
 }
@@ -251,8 +320,10 @@ mod tests {
 
     fn spec() -> NetfilterSpec {
         NetfilterSpec {
-            network: "10.244.0.0/16".parse().unwrap(),
-            subnet: "10.244.3.0/24".parse().unwrap(),
+            network: Some("10.244.0.0/16".parse().unwrap()),
+            subnet: Some("10.244.3.0/24".parse().unwrap()),
+            network6: None,
+            subnet6: None,
             track: false,
             masquerade: Some(true),
             forward_rules: true,
@@ -261,7 +332,10 @@ mod tests {
 
     #[test]
     fn masquerade_rules_follow_flannel() {
-        let t = spec().table();
+        let tables = spec().tables();
+        assert_eq!(tables.len(), 1);
+        let t = &tables[0];
+        assert_eq!(t.family, Family::Ip);
         assert_eq!(t.chains.len(), 1);
         let c = &t.chains[0];
         assert_eq!(
@@ -280,9 +354,35 @@ mod tests {
         let mut s = spec();
         s.masquerade = Some(false);
         assert_eq!(
-            s.table().chains[0].rules[5].exprs.last(),
+            s.tables()[0].chains[0].rules[5].exprs.last(),
             Some(&Expr::Masquerade { flags: MASQ_RANDOM })
         );
+    }
+
+    #[test]
+    fn ipv6_gets_its_own_table_with_ipv6_addresses() {
+        let mut s = spec();
+        s.network6 = Some("fd00:10:244::/56".parse().unwrap());
+        s.subnet6 = Some("fd00:10:244:3::/64".parse().unwrap());
+        let tables = s.tables();
+        assert_eq!(tables.len(), 2);
+        let t6 = &tables[1];
+        assert_eq!(t6.family, Family::Ip6);
+        let rules = &t6.chains[0].rules;
+        assert_eq!(
+            rules[1].exprs[0],
+            Expr::saddr("fd00:10:244:3::/64".parse::<Ipv6Net>().unwrap(), false)
+        );
+        assert!(
+            matches!(rules[1].exprs[0], Expr::Addr { offset: 8, .. }),
+            "ip6 saddr"
+        );
+        assert!(matches!(rules[4].exprs[1], Expr::Addr { offset: 24, negate: true, net } if net.to_string() == "ff00::/8"));
+        // IPv6-only: no IPv4 table.
+        s.network = None;
+        s.subnet = None;
+        assert_eq!(s.tables().len(), 1);
+        assert_eq!(s.tables()[0].family, Family::Ip6);
     }
 
     #[test]
@@ -292,7 +392,7 @@ mod tests {
         assert!(!s.wants_table());
         s.track = true;
         assert!(s.wants_table());
-        assert_eq!(s.table().chains.len(), 1);
-        assert_eq!(s.table().chains[0].name, "track");
+        assert_eq!(s.tables()[0].chains.len(), 1);
+        assert_eq!(s.tables()[0].chains[0].name, "track");
     }
 }

@@ -4,7 +4,7 @@
 //! Every call works in the network namespace of the thread that created the
 //! [`Netlink`] handle.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use std::collections::HashMap;
 
@@ -12,7 +12,7 @@ use super::XdpMode;
 use anyhow::{Context as _, Result, anyhow, bail};
 use futures::TryStreamExt as _;
 use rtnetlink::{
-    Handle, LinkUnspec, LinkVeth, RouteMessageBuilder,
+    Handle, LinkUnspec, LinkVeth, LinkVxlan, RouteMessageBuilder,
     packet_route::{
         AddressFamily,
         address::{AddressAttribute, AddressMessage},
@@ -30,7 +30,7 @@ const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 const LIST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Somebody else's route: what it is, and its (device, gateway).
-type Foreign = (String, Option<(u32, Option<Ipv4Addr>)>);
+type Foreign = (String, Option<(u32, Option<IpAddr>)>);
 
 fn failed(route: &Route, e: rtnetlink::Error) -> anyhow::Error {
     anyhow::Error::new(e).context(format!(
@@ -80,14 +80,62 @@ pub(crate) enum RouteError {
     Other(anyhow::Error),
 }
 
-/// An IPv4 route Weft manages.
+/// A route Weft manages (IPv4 or IPv6; a gateway is of the same family).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Route {
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     pub prefix_len: u8,
-    pub gateway: Option<Ipv4Addr>,
+    pub gateway: Option<IpAddr>,
     pub oif: u32,
     pub onlink: bool,
+}
+
+impl Route {
+    /// The destination as a network.
+    pub(crate) fn net(&self) -> Option<ipnet::IpNet> {
+        ipnet::IpNet::new(self.dst, self.prefix_len).ok()
+    }
+}
+
+/// A route message of ours for `route`, with source address `src` when it
+/// is of the route's family. One macro for both families' builders.
+macro_rules! route_message {
+    ($addr:ty, $dst:expr, $route:expr, $src:expr, $gw:pat => $gwv:expr, $s:pat => $sv:expr, $v6:expr) => {{
+        let route: &Route = $route;
+        let mut b = RouteMessageBuilder::<$addr>::new()
+            .destination_prefix($dst, route.prefix_len)
+            .output_interface(route.oif)
+            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL));
+        match route.gateway {
+            Some($gw) => b = b.gateway($gwv),
+            _ if !$v6 => b = b.scope(RouteScope::Link),
+            _ => {}
+        }
+        if route.onlink {
+            b = b.onlink();
+        }
+        if let Some($s) = $src {
+            b = b.pref_source($sv);
+        }
+        b.build()
+    }};
+}
+
+fn route_message(route: &Route, src: Option<IpAddr>) -> RouteMessage {
+    match route.dst {
+        IpAddr::V4(dst) => route_message!(
+            Ipv4Addr, dst, route, src,
+            IpAddr::V4(gw) => gw,
+            IpAddr::V4(s) => s,
+            false
+        ),
+        IpAddr::V6(dst) => route_message!(
+            Ipv6Addr, dst, route, src,
+            IpAddr::V6(gw) => gw,
+            IpAddr::V6(s) => s,
+            true
+        ),
+    }
 }
 
 pub(crate) struct Netlink {
@@ -216,6 +264,54 @@ impl Netlink {
             .with_context(|| format!("configuring {}", link.name))
     }
 
+    /// Creates (or converges) the IPv6 overlay device `name`: the kernel's
+    /// vxlan driver in collect-metadata mode on UDP `port` (`ip link add
+    /// NAME type vxlan external dstport PORT local LOCAL nolearning`), ARP
+    /// off, `mac` and `mtu`, up. The TC programs give every packet its
+    /// tunnel key; the driver writes the outer headers, with UDP checksums.
+    /// Returns the device's index, and whether it was created now.
+    pub(crate) async fn ensure_vxlan6_device(
+        &self,
+        name: &str,
+        port: u16,
+        local: Ipv6Addr,
+        mac: [u8; 6],
+        mtu: u32,
+    ) -> Result<(u32, bool)> {
+        let mut created = false;
+        let link = match self.link(name).await? {
+            Some(l) if l.kind.as_deref() == Some("vxlan") => l,
+            Some(l) => bail!(
+                "a device named {name} exists but is a {} device, not Weft's IPv6 overlay device; remove it",
+                l.kind.as_deref().unwrap_or("physical")
+            ),
+            None => {
+                let msg = LinkVxlan::new(name, 0)
+                    .port(port)
+                    .local6(local)
+                    .collect_metadata(true)
+                    .learning(false)
+                    .udp_zero_csum6_rx(false)
+                    .udp_zero_csum6_tx(false)
+                    .build();
+                self.handle
+                    .link()
+                    .add(msg)
+                    .execute()
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "creating the IPv6 overlay device {name} (vxlan, collect-metadata, UDP {port}; another vxlan device on UDP {port}, such as flannel's, must be removed first)"
+                        )
+                    })?;
+                created = true;
+                self.require_link(name).await?
+            }
+        };
+        self.converge_noarp(&link, Some(mac), mtu).await?;
+        Ok((link.index, created))
+    }
+
     pub(crate) async fn delete_link(&self, name: &str) -> Result<bool> {
         let Some(l) = self.link(name).await? else {
             return Ok(false);
@@ -273,19 +369,74 @@ impl Netlink {
         }
         for (other, len) in current {
             if (other, len) != (addr, prefix_len) {
-                self.del_address(index, other, len).await?;
+                self.del_address(index, other.into(), len).await?;
             }
         }
         Ok(())
     }
 
-    async fn del_address(&self, index: u32, addr: Ipv4Addr, prefix_len: u8) -> Result<()> {
+    /// The IPv6 addresses of global scope on device `index` (not the
+    /// kernel's link-local ones), with their prefix lengths.
+    pub(crate) async fn addresses6(&self, index: u32) -> Result<Vec<(Ipv6Addr, u8)>> {
         let msgs: Vec<AddressMessage> = self
             .handle
             .address()
             .get()
             .set_link_index_filter(index)
-            .set_address_filter(addr.into())
+            .execute()
+            .try_collect()
+            .await
+            .context("listing addresses")?;
+        Ok(msgs
+            .iter()
+            .filter(|m| m.header.family == AddressFamily::Inet6)
+            .filter_map(|m| {
+                m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Address(std::net::IpAddr::V6(ip))
+                        if ip.segments()[0] & 0xffc0 != 0xfe80 =>
+                    {
+                        Some((*ip, m.header.prefix_len))
+                    }
+                    _ => None,
+                })
+            })
+            .collect())
+    }
+
+    /// Makes `addr/prefix_len` the only global IPv6 address on device
+    /// `index` (flannel gives `flannel-v6.<VNI>` its subnet's first
+    /// address, /128).
+    pub(crate) async fn ensure_only_address6(
+        &self,
+        index: u32,
+        addr: Ipv6Addr,
+        prefix_len: u8,
+    ) -> Result<()> {
+        let current = self.addresses6(index).await?;
+        if !current.contains(&(addr, prefix_len)) {
+            self.handle
+                .address()
+                .add(index, addr.into(), prefix_len)
+                .replace()
+                .execute()
+                .await
+                .with_context(|| format!("adding {addr}/{prefix_len}"))?;
+        }
+        for (other, len) in current {
+            if (other, len) != (addr, prefix_len) {
+                self.del_address(index, other.into(), len).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn del_address(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
+        let msgs: Vec<AddressMessage> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .set_address_filter(addr)
             .set_prefix_length_filter(prefix_len)
             .execute()
             .try_collect()
@@ -314,7 +465,7 @@ impl Netlink {
     pub(crate) async fn install_routes(
         &self,
         routes: &[Route],
-        src: Option<Ipv4Addr>,
+        src: Option<IpAddr>,
         adopt: Option<u32>,
     ) -> Result<Vec<Result<(), RouteError>>> {
         use futures::StreamExt as _;
@@ -381,8 +532,8 @@ impl Netlink {
 
     /// Routes in the main table that are not Weft's (nor through `adopt`):
     /// what they are, and their (device, gateway), by (destination, length).
-    async fn foreign_routes(&self, adopt: Option<u32>) -> Result<HashMap<(Ipv4Addr, u8), Foreign>> {
-        let mut foreign: HashMap<(Ipv4Addr, u8), Foreign> = HashMap::new();
+    async fn foreign_routes(&self, adopt: Option<u32>) -> Result<HashMap<(IpAddr, u8), Foreign>> {
+        let mut foreign: HashMap<(IpAddr, u8), Foreign> = HashMap::new();
         let names: HashMap<u32, String> = self
             .links()
             .await?
@@ -435,25 +586,10 @@ impl Netlink {
     async fn route_request(
         &self,
         route: &Route,
-        src: Option<Ipv4Addr>,
+        src: Option<IpAddr>,
         replace: bool,
     ) -> Result<(), rtnetlink::Error> {
-        let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(route.dst, route.prefix_len)
-            .output_interface(route.oif)
-            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL));
-        if let Some(gw) = route.gateway {
-            b = b.gateway(gw);
-        } else {
-            b = b.scope(RouteScope::Link);
-        }
-        if route.onlink {
-            b = b.onlink();
-        }
-        if let Some(src) = src {
-            b = b.pref_source(src);
-        }
-        let req = self.handle.route().add(b.build());
+        let req = self.handle.route().add(route_message(route, src));
         let req = if replace { req.replace() } else { req };
         // A request whose answer never comes (seen under tens of thousands
         // of route changes) must not stall the agent: it fails, and the peer
@@ -469,14 +605,10 @@ impl Netlink {
 
     /// Deletes a route (a route that is already gone is not an error).
     pub(crate) async fn del_route(&self, route: &Route) -> Result<()> {
-        let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(route.dst, route.prefix_len)
-            .output_interface(route.oif)
-            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL));
-        if let Some(gw) = route.gateway {
-            b = b.gateway(gw);
-        }
-        match self.handle.route().del(b.build()).execute().await {
+        let mut msg = route_message(route, None);
+        // Deleting matches on what is given: no scope.
+        msg.header.scope = RouteScope::Universe;
+        match self.handle.route().del(msg).execute().await {
             Ok(()) => Ok(()),
             Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
             Err(e) => Err(e).with_context(|| {
@@ -491,7 +623,26 @@ impl Netlink {
             .route_messages()
             .await?
             .iter()
-            .filter(|m| m.header.destination_prefix_length == 0 && m.header.table == MAIN_TABLE)
+            .filter(|m| {
+                m.header.destination_prefix_length == 0
+                    && m.header.table == MAIN_TABLE
+                    && m.header.address_family == AddressFamily::Inet
+            })
+            .find_map(parse_route)
+            .map(|r| r.oif))
+    }
+
+    /// The device of the IPv6 default route, if any.
+    pub(crate) async fn default_route6_oif(&self) -> Result<Option<u32>> {
+        Ok(self
+            .route_messages()
+            .await?
+            .iter()
+            .filter(|m| {
+                m.header.destination_prefix_length == 0
+                    && m.header.table == MAIN_TABLE
+                    && m.header.address_family == AddressFamily::Inet6
+            })
             .find_map(parse_route)
             .map(|r| r.oif))
     }
@@ -505,7 +656,7 @@ impl Netlink {
         }
     }
 
-    /// The IPv4 routes Weft installed (by protocol), in the main table.
+    /// The routes Weft installed (by protocol), IPv4 and IPv6.
     pub(crate) async fn weft_routes(&self) -> Result<Vec<Route>> {
         Ok(self
             .route_messages()
@@ -516,15 +667,26 @@ impl Netlink {
             .collect())
     }
 
+    /// Every route, IPv4 then IPv6.
     async fn route_messages(&self) -> Result<Vec<RouteMessage>> {
-        let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
-        self.handle
+        let mut out: Vec<RouteMessage> = self
+            .handle
             .route()
-            .get(req)
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
             .execute()
             .try_collect()
             .await
-            .context("listing routes")
+            .context("listing routes")?;
+        let v6: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
+            .execute()
+            .try_collect()
+            .await
+            .context("listing IPv6 routes")?;
+        out.extend(v6);
+        Ok(out)
     }
 }
 
@@ -575,38 +737,39 @@ fn parse_link(msg: &LinkMessage) -> Link {
     link
 }
 
-fn route_dst(m: &RouteMessage) -> Option<Ipv4Addr> {
-    if m.header.address_family != AddressFamily::Inet {
-        return None;
-    }
+/// The route's destination, for the families Weft routes.
+fn route_dst(m: &RouteMessage) -> Option<IpAddr> {
+    let unspecified: IpAddr = match m.header.address_family {
+        AddressFamily::Inet => Ipv4Addr::UNSPECIFIED.into(),
+        AddressFamily::Inet6 => Ipv6Addr::UNSPECIFIED.into(),
+        _ => return None,
+    };
     Some(
         m.attributes
             .iter()
             .find_map(|a| match a {
-                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
+                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
+                RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
                 _ => None,
             })
-            .unwrap_or(Ipv4Addr::UNSPECIFIED),
+            .unwrap_or(unspecified),
     )
 }
 
 fn parse_route(m: &RouteMessage) -> Option<Route> {
-    if m.header.address_family != AddressFamily::Inet {
-        return None;
-    }
-    let mut dst = None;
+    let dst = route_dst(m)?;
     let mut gateway = None;
     let mut oif = None;
     for a in &m.attributes {
         match a {
-            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = Some(*ip),
-            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(IpAddr::V4(*ip)),
+            RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gateway = Some(IpAddr::V6(*ip)),
             RouteAttribute::Oif(i) => oif = Some(*i),
             _ => {}
         }
     }
     Some(Route {
-        dst: dst.unwrap_or(Ipv4Addr::UNSPECIFIED),
+        dst,
         prefix_len: m.header.destination_prefix_length,
         gateway,
         oif: oif?,

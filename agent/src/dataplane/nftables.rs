@@ -24,7 +24,31 @@ const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_DELRULE: u16 = 8;
-pub(crate) const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+
+/// The nftables family of a table: `ip` (IPv4) or `ip6`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    Ip,
+    Ip6,
+}
+
+impl Family {
+    fn nfproto(self) -> u8 {
+        match self {
+            Family::Ip => NFPROTO_IPV4,
+            Family::Ip6 => NFPROTO_IPV6,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+        }
+    }
+}
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_MULTI: u16 = 0x2;
 const NLM_F_ACK: u16 = 0x4;
@@ -93,11 +117,11 @@ impl Attr {
 /// One expression of a rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Expr {
-    /// `ip saddr` (offset 12) or `ip daddr` (16) matches `net`
-    /// (`negate`: does not match).
+    /// `ip saddr` (offset 12) or `ip daddr` (16) matches `net`, or for
+    /// IPv6 `ip6 saddr` (8) or `ip6 daddr` (24) (`negate`: does not match).
     Addr {
         offset: u32,
-        net: ipnet::Ipv4Net,
+        net: ipnet::IpNet,
         negate: bool,
     },
     /// `meta mark & mask == mask`.
@@ -114,17 +138,19 @@ pub(crate) enum Expr {
 }
 
 impl Expr {
-    pub(crate) fn saddr(net: ipnet::Ipv4Net, negate: bool) -> Self {
+    pub(crate) fn saddr(net: impl Into<ipnet::IpNet>, negate: bool) -> Self {
+        let net = net.into();
         Expr::Addr {
-            offset: 12,
+            offset: if net.addr().is_ipv4() { 12 } else { 8 },
             net,
             negate,
         }
     }
 
-    pub(crate) fn daddr(net: ipnet::Ipv4Net, negate: bool) -> Self {
+    pub(crate) fn daddr(net: impl Into<ipnet::IpNet>, negate: bool) -> Self {
+        let net = net.into();
         Expr::Addr {
-            offset: 16,
+            offset: if net.addr().is_ipv4() { 16 } else { 24 },
             net,
             negate,
         }
@@ -155,35 +181,43 @@ impl Expr {
                 offset,
                 net,
                 negate,
-            } => vec![
-                elem(
-                    "payload",
-                    vec![
-                        Attr::U32(1, NFT_REG_1),                  // DREG
-                        Attr::U32(2, NFT_PAYLOAD_NETWORK_HEADER), // BASE
-                        Attr::U32(3, *offset),                    // OFFSET
-                        Attr::U32(4, 4),                          // LEN
-                    ],
-                ),
-                elem(
-                    "bitwise",
-                    vec![
-                        Attr::U32(1, NFT_REG_1), // SREG
-                        Attr::U32(2, NFT_REG_1), // DREG
-                        Attr::U32(3, 4),         // LEN
-                        Attr::Nested(4, vec![Attr::Bytes(1, net.netmask().octets().to_vec())]),
-                        Attr::Nested(5, vec![Attr::Bytes(1, vec![0; 4])]),
-                    ],
-                ),
-                elem(
-                    "cmp",
-                    vec![
-                        Attr::U32(1, NFT_REG_1),
-                        Attr::U32(2, u32::from(*negate)), // NFT_CMP_EQ / NEQ
-                        value(net.network().octets().to_vec()),
-                    ],
-                ),
-            ],
+            } => {
+                let octets = |a: std::net::IpAddr| match a {
+                    std::net::IpAddr::V4(a) => a.octets().to_vec(),
+                    std::net::IpAddr::V6(a) => a.octets().to_vec(),
+                };
+                let mask = octets(net.netmask());
+                let len = mask.len() as u32;
+                vec![
+                    elem(
+                        "payload",
+                        vec![
+                            Attr::U32(1, NFT_REG_1),                  // DREG
+                            Attr::U32(2, NFT_PAYLOAD_NETWORK_HEADER), // BASE
+                            Attr::U32(3, *offset),                    // OFFSET
+                            Attr::U32(4, len),                        // LEN
+                        ],
+                    ),
+                    elem(
+                        "bitwise",
+                        vec![
+                            Attr::U32(1, NFT_REG_1), // SREG
+                            Attr::U32(2, NFT_REG_1), // DREG
+                            Attr::U32(3, len),       // LEN
+                            Attr::Nested(4, vec![Attr::Bytes(1, mask)]),
+                            Attr::Nested(5, vec![Attr::Bytes(1, vec![0; len as usize])]),
+                        ],
+                    ),
+                    elem(
+                        "cmp",
+                        vec![
+                            Attr::U32(1, NFT_REG_1),
+                            Attr::U32(2, u32::from(*negate)), // NFT_CMP_EQ / NEQ
+                            value(octets(net.network())),
+                        ],
+                    ),
+                ]
+            }
             Expr::MarkAll(mask) => vec![
                 elem(
                     "meta",
@@ -250,9 +284,10 @@ pub(crate) struct ChainSpec {
     pub(crate) rules: Vec<Rule>,
 }
 
-/// Weft's table.
+/// Weft's table (one per family).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TableSpec {
+    pub(crate) family: Family,
     pub(crate) name: &'static str,
     pub(crate) chains: Vec<ChainSpec>,
 }
@@ -300,11 +335,11 @@ impl Batch {
         self.buf[start + 8..start + 12].copy_from_slice(&self.seq.to_ne_bytes());
     }
 
-    fn msg(&mut self, msg: u16, flags: u16, attrs: &[Attr]) {
+    fn msg(&mut self, family: Family, msg: u16, flags: u16, attrs: &[Attr]) {
         self.raw(
             (NFNL_SUBSYS_NFTABLES << 8) | msg,
             NLM_F_REQUEST | NLM_F_ACK | flags,
-            NFPROTO_IPV4,
+            family.nfproto(),
             0,
             attrs,
         );
@@ -327,12 +362,14 @@ impl Batch {
 /// Replaces Weft's table `spec.name` with `spec`, atomically.
 pub(crate) fn apply_table(spec: &TableSpec) -> Result<()> {
     let table = || Attr::Str(1, spec.name.into());
+    let f = spec.family;
     let mut b = Batch::new();
-    b.msg(NFT_MSG_NEWTABLE, NLM_F_CREATE, &[table()]);
-    b.msg(NFT_MSG_DELTABLE, 0, &[table()]);
-    b.msg(NFT_MSG_NEWTABLE, NLM_F_CREATE, &[table()]);
+    b.msg(f, NFT_MSG_NEWTABLE, NLM_F_CREATE, &[table()]);
+    b.msg(f, NFT_MSG_DELTABLE, 0, &[table()]);
+    b.msg(f, NFT_MSG_NEWTABLE, NLM_F_CREATE, &[table()]);
     for c in &spec.chains {
         b.msg(
+            f,
             NFT_MSG_NEWCHAIN,
             NLM_F_CREATE,
             &[
@@ -348,6 +385,7 @@ pub(crate) fn apply_table(spec: &TableSpec) -> Result<()> {
         );
         for r in &c.rules {
             b.msg(
+                f,
                 NFT_MSG_NEWRULE,
                 NLM_F_CREATE | NLM_F_APPEND,
                 &r.attrs(spec.name, c.name),
@@ -355,23 +393,25 @@ pub(crate) fn apply_table(spec: &TableSpec) -> Result<()> {
         }
     }
     b.commit()
-        .with_context(|| format!("writing the nftables table ip {}", spec.name))
+        .with_context(|| format!("writing the nftables table {} {}", f.name(), spec.name))
 }
 
 /// Removes the table `name`; returns whether there was one.
-pub(crate) fn remove_table(name: &str) -> Result<bool> {
+pub(crate) fn remove_table(family: Family, name: &str) -> Result<bool> {
     let mut b = Batch::new();
-    b.msg(NFT_MSG_DELTABLE, 0, &[Attr::Str(1, name.into())]);
+    b.msg(family, NFT_MSG_DELTABLE, 0, &[Attr::Str(1, name.into())]);
     match b.commit() {
         Ok(()) => Ok(true),
         Err(e) if is_enoent(&e) => Ok(false),
-        Err(e) => Err(e).with_context(|| format!("removing the nftables table ip {name}")),
+        Err(e) => Err(e).with_context(|| {
+            format!("removing the nftables table {} {name}", family.name())
+        }),
     }
 }
 
 /// Sends one nftables get request (outside a batch) and returns the
 /// messages the kernel answers with.
-fn query(msg: u16, flags: u16, attrs: &[Attr]) -> Result<Vec<Vec<u8>>> {
+fn query(family: Family, msg: u16, flags: u16, attrs: &[Attr]) -> Result<Vec<Vec<u8>>> {
     let sock = Socket::open()?;
     let mut b = Batch {
         buf: Vec::new(),
@@ -381,7 +421,7 @@ fn query(msg: u16, flags: u16, attrs: &[Attr]) -> Result<Vec<Vec<u8>>> {
     b.raw(
         (NFNL_SUBSYS_NFTABLES << 8) | msg,
         flags,
-        NFPROTO_IPV4,
+        family.nfproto(),
         0,
         attrs,
     );
@@ -390,8 +430,9 @@ fn query(msg: u16, flags: u16, attrs: &[Attr]) -> Result<Vec<Vec<u8>>> {
 }
 
 /// Whether the table `name` exists.
-pub(crate) fn has_table(name: &str) -> Result<bool> {
+pub(crate) fn has_table(family: Family, name: &str) -> Result<bool> {
     match query(
+        family,
         NFT_MSG_GETTABLE,
         NLM_F_REQUEST | NLM_F_ACK,
         &[Attr::Str(1, name.into())],
@@ -403,8 +444,9 @@ pub(crate) fn has_table(name: &str) -> Result<bool> {
 }
 
 /// Whether a chain `chain` exists in table `table`.
-pub(crate) fn has_chain(table: &str, chain: &str) -> Result<bool> {
+pub(crate) fn has_chain(family: Family, table: &str, chain: &str) -> Result<bool> {
     match query(
+        family,
         NFT_MSG_GETCHAIN,
         NLM_F_REQUEST | NLM_F_ACK,
         &[Attr::Str(1, table.into()), Attr::Str(3, chain.into())],
@@ -419,15 +461,17 @@ pub(crate) fn has_chain(table: &str, chain: &str) -> Result<bool> {
 /// whose comment is `comment` with `rules`, appended at the end, in one
 /// batch. Returns how many old rules were removed.
 pub(crate) fn replace_rules_in(
+    family: Family,
     table: &str,
     chain: &str,
     comment: &str,
     rules: &[Rule],
 ) -> Result<usize> {
-    let handles = handles_with_comment(table, chain, comment)?;
+    let handles = handles_with_comment(family, table, chain, comment)?;
     let mut b = Batch::new();
     for h in &handles {
         b.msg(
+            family,
             NFT_MSG_DELRULE,
             0,
             &[
@@ -441,20 +485,31 @@ pub(crate) fn replace_rules_in(
     // first (an explicit drop stays a drop); only the policy comes after.
     for r in rules {
         b.msg(
+            family,
             NFT_MSG_NEWRULE,
             NLM_F_CREATE | NLM_F_APPEND,
             &r.attrs(table, chain),
         );
     }
-    b.commit()
-        .with_context(|| format!("replacing Weft's rules in chain {chain} of table ip {table}"))?;
+    b.commit().with_context(|| {
+        format!(
+            "replacing Weft's rules in chain {chain} of table {} {table}",
+            family.name()
+        )
+    })?;
     Ok(handles.len())
 }
 
 /// Handles of the rules of `table`/`chain` whose comment is `comment`.
-pub(crate) fn handles_with_comment(table: &str, chain: &str, comment: &str) -> Result<Vec<u64>> {
+pub(crate) fn handles_with_comment(
+    family: Family,
+    table: &str,
+    chain: &str,
+    comment: &str,
+) -> Result<Vec<u64>> {
     let mut out = Vec::new();
     for m in query(
+        family,
         NFT_MSG_GETRULE,
         NLM_F_REQUEST | NLM_F_DUMP,
         &[Attr::Str(1, table.into()), Attr::Str(2, chain.into())],

@@ -12,10 +12,16 @@
 //!  wire ─► eth0 XDP: weft_decap (strip 50 bytes, XDP_PASS) ─► routing ─► cni0 ─► pod
 //! ```
 //!
-//! Routes `10.244.7.0/24 via 10.244.7.0 dev weft.1 onlink src 10.244.3.0`
-//! send remote-subnet traffic (pods' and the node's own) into weft.1, whose
-//! MTU makes the kernel answer oversized packets with ICMP "fragmentation
+//! Routes `10.244.7.0/24 dev weft.1 src 10.244.3.0 proto 44` send
+//! remote-subnet traffic (pods' and the node's own) into weft.1, whose MTU
+//! makes the kernel answer oversized packets with ICMP "fragmentation
 //! needed" before the program sees them.
+//!
+//! With IPv6 (dual-stack or IPv6-only), `weft-v6.<VNI>` is the IPv6
+//! overlay device: the kernel's vxlan driver in collect-metadata mode, with
+//! `weft_encap6` at its TC egress (see `encap6.rs` in the eBPF crate) and
+//! routes `fd00:10:244:7::/64 dev weft-v6.1 proto 44`. Decapsulation of
+//! both families runs in the uplink's programs.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -26,14 +32,14 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use dataplane_common::{
-    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_READY, DataplaneConfig, VXLAN_OVERHEAD, map_names,
-    program_names,
+    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_READY,
+    DataplaneConfig, VXLAN_OVERHEAD, VXLAN6_OVERHEAD, map_names, program_names,
 };
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use tokio::time::Instant;
 
 use super::{
-    DataplaneSpec, HostRouting, Peer, PeerUpdate, XdpMode,
+    DataplaneSpec, HostRouting, OwnSubnets, Peer, PeerUpdate, XdpMode,
     bpffs::PinDir,
     endpoints::{EndpointSpec, EndpointSync, Endpoints},
     host,
@@ -48,6 +54,11 @@ use crate::backoff::Backoff;
 /// The overlay device's name for a VNI (flannel: `flannel.<VNI>`).
 pub fn device_name(vni: u32) -> String {
     format!("weft.{vni}")
+}
+
+/// The IPv6 overlay device's name for a VNI (flannel: `flannel-v6.<VNI>`).
+pub fn device6_name(vni: u32) -> String {
+    format!("weft-v6.{vni}")
 }
 
 /// The other end of the overlay device's veth pair.
@@ -101,15 +112,18 @@ pub(crate) struct Problem {
 /// The eBPF datapath on one node.
 pub struct Overlay {
     spec: DataplaneSpec,
-    subnet: Ipv4Net,
+    subnets: OwnSubnets,
     nl: Netlink,
     maps: PeerMaps,
     counters: Arc<Counters>,
-    /// What the peer map holds (mirror).
-    peers: HashMap<Ipv4Net, Peer>,
+    /// What the peer maps hold (mirror), both families.
+    peers: HashMap<IpNet, Peer>,
     /// Peers not (fully) programmed, by subnet.
-    problems: BTreeMap<Ipv4Net, Problem>,
-    device_index: u32,
+    problems: BTreeMap<IpNet, Problem>,
+    /// The IPv4 overlay device (`weft.<VNI>`), on a node with IPv4.
+    device_index: Option<u32>,
+    /// The IPv6 overlay device (`weft-v6.<VNI>`), once it exists.
+    device6_index: Option<u32>,
     /// flannel's device for our VNI, if the node has one.
     flannel_index: Option<u32>,
     uplink: Link,
@@ -123,12 +137,14 @@ pub struct Overlay {
     /// Forwards the programs' drop trace to the log (`--trace-drops`).
     _trace: Option<trace::DropTrace>,
     /// Peers reached without encapsulation (DirectRouting), by subnet.
-    direct: HashSet<Ipv4Net>,
+    direct: HashSet<IpNet>,
     /// The subnets the uplink's addresses are on: a peer whose VTEP is on
     /// one of them is on our L2 segment.
     uplink_nets: Vec<Ipv4Net>,
-    /// The overlay device's MTU.
+    /// The IPv4 overlay device's MTU.
     mtu: u32,
+    /// The IPv6 overlay device's MTU.
+    mtu6: u32,
 }
 
 /// What one pass of [`Overlay::heal`] did.
@@ -156,9 +172,9 @@ impl Overlay {
     /// A failure leaves the node as it was: a node that had no Weft
     /// dataplane has nothing left behind; one that had a running dataplane
     /// keeps it (still forwarding with the programs it had).
-    pub async fn setup(spec: &DataplaneSpec, subnet: Ipv4Net) -> Result<Self> {
+    pub async fn setup(spec: &DataplaneSpec, subnets: OwnSubnets) -> Result<Self> {
         let fresh = !spec.pins.has_links();
-        match Self::setup_inner(spec.clone(), subnet).await {
+        match Self::setup_inner(spec.clone(), subnets).await {
             Ok(o) => Ok(o),
             Err(e) if fresh => {
                 tracing::error!(error = %format!("{e:#}"), "dataplane setup failed; removing what it created");
@@ -178,10 +194,15 @@ impl Overlay {
         }
     }
 
-    async fn setup_inner(spec: DataplaneSpec, subnet: Ipv4Net) -> Result<Self> {
+    async fn setup_inner(spec: DataplaneSpec, subnets: OwnSubnets) -> Result<Self> {
         let nl = Netlink::new()?;
         let uplink = nl.require_link(&spec.uplink).await?;
-        if uplink.mtu <= VXLAN_OVERHEAD + 68 {
+        let overhead = if subnets.v6.is_some() {
+            VXLAN6_OVERHEAD
+        } else {
+            VXLAN_OVERHEAD
+        };
+        if uplink.mtu <= overhead + 68 {
             bail!(
                 "uplink {} has MTU {}: too small for VXLAN",
                 uplink.name,
@@ -190,6 +211,7 @@ impl Overlay {
         }
         let dev = device_name(spec.vni);
         let mtu = overlay_mtu(&spec, uplink.mtu);
+        let mtu6 = overlay_mtu6(&spec, uplink.mtu);
         if let Some(m) = spec.underlay_mtu
             && m > uplink.mtu
         {
@@ -200,21 +222,41 @@ impl Overlay {
             );
         }
 
-        // The overlay device, whose egress TC program does the work.
-        let peer = device_peer_name(spec.vni);
-        let (device_index, created) = nl
-            .ensure_overlay_device(&dev, &peer, spec.vtep_mac.0, mtu)
-            .await?;
-        if created {
-            tracing::info!(device = %dev, mtu, "created the overlay device");
-        }
-        // IPv4 only: no IPv6 link-local chatter into the encapsulation path.
-        for d in [&dev, &peer] {
-            let _ = sysctl::write_iface("ipv6", d, "disable_ipv6", "1");
-        }
-        nl.ensure_only_address(device_index, subnet.network(), 32)
-            .await?;
-        host::apply(&spec.uplink, &spec.state_dir)?;
+        // The IPv4 overlay device, whose egress TC program does the work.
+        let device_index = match subnets.v4 {
+            Some(subnet) if spec.public_ip.is_some() => {
+                let peer = device_peer_name(spec.vni);
+                let (index, created) = nl
+                    .ensure_overlay_device(&dev, &peer, spec.vtep_mac.0, mtu)
+                    .await?;
+                if created {
+                    tracing::info!(device = %dev, mtu, "created the overlay device");
+                }
+                // IPv4 only: no IPv6 link-local chatter into the
+                // encapsulation path.
+                for d in [&dev, &peer] {
+                    let _ = sysctl::write_iface("ipv6", d, "disable_ipv6", "1");
+                }
+                nl.ensure_only_address(index, subnet.network(), 32).await?;
+                Some(index)
+            }
+            _ => None,
+        };
+        // The IPv6 overlay device. Another vxlan device on the port (flannel's,
+        // on a node moving from flannel) keeps it from being created: IPv6
+        // peers wait, reported, until that device is gone and healing
+        // creates this one.
+        let device6_index = match subnets.v6 {
+            Some(_) if spec.public_ipv6.is_some() => match ensure_device6(&nl, &spec, subnets, mtu6).await {
+                Ok(i) => Some(i),
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "no IPv6 overlay device yet; retrying");
+                    None
+                }
+            },
+            _ => None,
+        };
+        host::apply(&spec.uplink, &spec.state_dir, subnets.v6.is_some())?;
 
         let plan = decap_plan(spec.xdp_mode, &uplink);
         if !plan.0.is_empty() {
@@ -250,13 +292,14 @@ impl Overlay {
         let uplink_nets = uplink_nets(&nl, uplink.index).await?;
         let mut o = Self {
             spec,
-            subnet,
+            subnets,
             nl,
             maps,
             counters,
             peers: HashMap::new(),
             problems: BTreeMap::new(),
             device_index,
+            device6_index,
             flannel_index,
             uplink,
             attachments: Vec::new(),
@@ -271,6 +314,7 @@ impl Overlay {
             direct: HashSet::new(),
             uplink_nets,
             mtu,
+            mtu6,
         };
         netfilter::apply(&o.netfilter())?;
         o.write_config()?;
@@ -282,11 +326,11 @@ impl Overlay {
         let (attachments, decap, logger) = {
             let pins = o.spec.pins.clone();
             let uplink_name = o.spec.uplink.clone();
-            let dev = dev.clone();
+            let devs = o.devices();
             let bypass = o.spec.host_routing != HostRouting::Legacy;
             let loaded = &mut o.loaded;
             off_runtime(move || -> Result<_> {
-                let (attachments, decap) = attach(loaded, &pins, &uplink_name, &dev, plan, bypass)?;
+                let (attachments, decap) = attach(loaded, &pins, &uplink_name, &devs, plan, bypass)?;
                 let logger = if loaded.traces_drops() {
                     Some(loaded.drop_logger()?)
                 } else {
@@ -328,10 +372,10 @@ impl Overlay {
     /// from etcd.
     fn carry_over(&mut self, replaced: Vec<Replaced>) -> Result<()> {
         for r in replaced {
-            if r.name != map_names::PEERS {
+            if r.name != map_names::PEERS && r.name != map_names::PEERS6 {
                 continue;
             }
-            match PeerMaps::read_peers(r.old) {
+            match PeerMaps::read_peers(&r.name, r.old) {
                 Ok(peers) => {
                     let mut n = 0;
                     for p in peers.values() {
@@ -355,11 +399,25 @@ impl Overlay {
         Ok(())
     }
 
+    /// The overlay devices that exist: (name, whether IPv6).
+    fn devices(&self) -> Vec<(String, bool)> {
+        let mut out = Vec::new();
+        if self.device_index.is_some() {
+            out.push((device_name(self.spec.vni), false));
+        }
+        if self.device6_index.is_some() {
+            out.push((device6_name(self.spec.vni), true));
+        }
+        out
+    }
+
     /// What netfilter should hold.
     fn netfilter(&self) -> NetfilterSpec {
         NetfilterSpec {
             network: self.spec.network,
-            subnet: self.subnet,
+            subnet: self.subnets.v4,
+            network6: self.spec.network6,
+            subnet6: self.subnets.v6,
             // The gate asks conntrack: make sure it tracks here.
             track: self.spec.host_routing == HostRouting::Auto && self.loaded.has_conntrack(),
             masquerade: self.spec.masquerade,
@@ -367,49 +425,74 @@ impl Overlay {
         }
     }
 
-    /// The overlay device's MTU.
+    /// The pods' MTU: the smallest of the overlay devices' (IPv6 needs 20
+    /// bytes more than IPv4, and one pod interface carries both).
     pub fn mtu(&self) -> u32 {
-        self.mtu
+        match (self.subnets.v4.is_some(), self.subnets.v6.is_some()) {
+            (_, false) => self.mtu,
+            (false, true) => self.mtu6,
+            (true, true) => self.mtu.min(self.mtu6),
+        }
     }
 
     /// The subnets of the peers reached without encapsulation.
-    pub fn direct(&self) -> &HashSet<Ipv4Net> {
+    pub fn direct(&self) -> &HashSet<IpNet> {
         &self.direct
     }
 
     /// Whether `p` is reached without encapsulation: DirectRouting is on
-    /// and its VTEP is on one of the uplink's subnets (as flannel decides).
+    /// and its (IPv4) VTEP is on one of the uplink's subnets (as flannel
+    /// decides).
     fn is_direct(&self, p: &Peer) -> bool {
-        self.spec.direct_routing && self.uplink_nets.iter().any(|n| n.contains(&p.vtep))
+        let std::net::IpAddr::V4(vtep) = p.vtep else {
+            return false;
+        };
+        self.spec.direct_routing && self.uplink_nets.iter().any(|n| n.contains(&vtep))
     }
 
-    /// The route to `p`'s subnet: through the overlay device, or (direct)
-    /// through the uplink to the peer's public IP, as flannel installs it.
-    fn route_for(&self, p: &Peer) -> Route {
+    /// The route to `p`'s subnet: through its family's overlay device, or
+    /// (direct) through the uplink to the peer's public IP, as flannel
+    /// installs it. None when that device does not exist.
+    fn route_for(&self, p: &Peer) -> Option<Route> {
         if self.direct.contains(&p.subnet) {
-            Route {
+            return Some(Route {
                 dst: p.subnet.network(),
                 prefix_len: p.subnet.prefix_len(),
                 gateway: Some(p.vtep),
                 oif: self.uplink.index,
                 onlink: false,
-            }
-        } else {
-            route_for(p, self.device_index)
+            });
         }
+        let oif = match p.subnet {
+            IpNet::V4(_) => self.device_index?,
+            IpNet::V6(_) => self.device6_index?,
+        };
+        Some(route_for(p, oif))
     }
 
     fn write_config(&mut self) -> Result<()> {
+        let v4 = self.subnets.v4.is_some() && self.spec.public_ip.is_some();
+        let v6 = self.subnets.v6.is_some() && self.spec.public_ipv6.is_some();
         let c = DataplaneConfig {
             vni: self.spec.vni,
             port: self.spec.port,
             _pad0: 0,
-            local_addr_be: u32::from_ne_bytes(self.spec.public_ip.octets()),
+            local_addr_be: self
+                .spec
+                .public_ip
+                .map_or(0, |ip| u32::from_ne_bytes(ip.octets())),
             uplink_ifindex: self.uplink.index,
             uplink_mtu: self.uplink.mtu,
             vtep_mac: self.spec.vtep_mac.0,
             uplink_mac: self.uplink.mac,
+            local_addr6: self.spec.public_ipv6.map_or([0; 16], |ip| ip.octets()),
+            overlay6_ifindex: self.device6_index.unwrap_or(0),
+            overlay6_mtu: self.mtu6,
+            vtep6_mac: self.spec.vtep6_mac.0,
+            _pad1: [0; 2],
             flags: CONFIG_F_READY
+                | if v4 { CONFIG_F_IPV4 } else { 0 }
+                | if v6 { CONFIG_F_IPV6 } else { 0 }
                 | match self.spec.host_routing {
                     HostRouting::Legacy => 0,
                     HostRouting::Bpf => CONFIG_F_BYPASS,
@@ -432,7 +515,7 @@ impl Overlay {
         &self.attachments
     }
 
-    pub fn peers(&self) -> &HashMap<Ipv4Net, Peer> {
+    pub fn peers(&self) -> &HashMap<IpNet, Peer> {
         &self.peers
     }
 
@@ -461,15 +544,18 @@ impl Overlay {
         self.problems.values()
     }
 
-    /// Our own subnet changed (the lease was lost and re-acquired).
-    pub async fn set_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
-        if subnet == self.subnet {
+    /// Our own subnets changed (the lease was lost and re-acquired).
+    pub async fn set_subnet(&mut self, subnets: OwnSubnets) -> Result<()> {
+        if subnets == self.subnets {
             return Ok(());
         }
-        self.subnet = subnet;
-        self.nl
-            .ensure_only_address(self.device_index, subnet.network(), 32)
-            .await?;
+        self.subnets = subnets;
+        if let (Some(i), Some(s)) = (self.device_index, subnets.v4) {
+            self.nl.ensure_only_address(i, s.network(), 32).await?;
+        }
+        if let (Some(i), Some(s)) = (self.device6_index, subnets.v6) {
+            self.nl.ensure_only_address6(i, s.network(), 128).await?;
+        }
         netfilter::apply(&self.netfilter())?;
         // Routes carry the device's address as their source: rewrite them.
         let peers: Vec<Peer> = self.peers.values().copied().collect();
@@ -492,12 +578,12 @@ impl Overlay {
     /// full, a route in the way) is recorded as a problem and retried; it
     /// never stops the others.
     pub async fn apply_batch(&mut self, updates: &[PeerUpdate]) -> Result<()> {
-        let mut new_routes: HashMap<Ipv4Net, Peer> = HashMap::new();
+        let mut new_routes: HashMap<IpNet, Peer> = HashMap::new();
         let mut freed = false;
         for u in updates {
             match u {
                 PeerUpdate::Upsert(p) => {
-                    if crate::net::overlaps(&p.subnet, &self.subnet) {
+                    if self.overlaps_own(&p.subnet) {
                         tracing::error!(subnet = %p.subnet, vtep = %p.vtep, "refusing a peer that overlaps this node's own subnet");
                         continue;
                     }
@@ -515,7 +601,7 @@ impl Overlay {
                 PeerUpdate::Remove(s) => {
                     new_routes.remove(s);
                     self.problems.remove(s);
-                    freed |= self.remove(*s).await?;
+                    freed |= self.remove(*s).await;
                 }
             }
         }
@@ -596,24 +682,55 @@ impl Overlay {
         );
     }
 
-    /// Installs the routes of `peers`; failures become problems.
+    /// Whether `subnet` overlaps this node's own subnet of its family.
+    fn overlaps_own(&self, subnet: &IpNet) -> bool {
+        match subnet {
+            IpNet::V4(s) => self.subnets.v4.is_some_and(|o| crate::net::overlaps(s, &o)),
+            IpNet::V6(s) => self.subnets.v6.is_some_and(|o| o.contains(s) || s.contains(&o)),
+        }
+    }
+
+    /// Installs the routes of `peers` (each family with its device's
+    /// address as source); failures become problems.
     async fn install_routes(&mut self, peers: &[Peer]) -> Result<()> {
         if peers.is_empty() {
             return Ok(());
         }
-        let routes: Vec<Route> = peers.iter().map(|p| self.route_for(p)).collect();
-        let results = self
-            .nl
-            .install_routes(&routes, Some(self.subnet.network()), self.flannel_index)
-            .await?;
-        for (p, r) in peers.iter().zip(results) {
-            match r {
-                Ok(()) => {
-                    if self.problems.remove(&p.subnet).is_some() {
-                        tracing::info!(subnet = %p.subnet, "peer programmed after all");
+        let (v4, v6): (Vec<Peer>, Vec<Peer>) = peers.iter().partition(|p| p.subnet.addr().is_ipv4());
+        let src4 = self.subnets.v4.map(|s| s.network().into());
+        let src6 = self.subnets.v6.map(|s| s.network().into());
+        for (peers, src) in [(v4, src4), (v6, src6)] {
+            let mut routes = Vec::new();
+            let mut routed = Vec::new();
+            for p in peers {
+                match self.route_for(&p) {
+                    Some(r) => {
+                        routes.push(r);
+                        routed.push(p);
                     }
+                    None => self.record(
+                        p,
+                        ProblemKind::Route,
+                        "its family's overlay device does not exist yet".into(),
+                    ),
                 }
-                Err(e) => self.record(*p, ProblemKind::Route, e.to_string()),
+            }
+            if routes.is_empty() {
+                continue;
+            }
+            let results = self
+                .nl
+                .install_routes(&routes, src, self.flannel_index)
+                .await?;
+            for (p, r) in routed.iter().zip(results) {
+                match r {
+                    Ok(()) => {
+                        if self.problems.remove(&p.subnet).is_some() {
+                            tracing::info!(subnet = %p.subnet, "peer programmed after all");
+                        }
+                    }
+                    Err(e) => self.record(*p, ProblemKind::Route, e.to_string()),
+                }
             }
         }
         Ok(())
@@ -642,23 +759,32 @@ impl Overlay {
         self.install_routes(&routes).await
     }
 
-    /// Removes the peer of `subnet`; returns whether the map had it.
-    pub async fn remove(&mut self, subnet: Ipv4Net) -> Result<bool> {
+    /// Removes the peer of `subnet`; returns whether the map had it. A
+    /// route or map entry that cannot be removed is logged, not fatal: a
+    /// route of ours to no peer is removed by the next heal, and a map
+    /// entry of a peer that is gone is only ever a stale destination.
+    pub async fn remove(&mut self, subnet: IpNet) -> bool {
         let Some(old) = self.peers.remove(&subnet) else {
-            return Ok(false);
+            return false;
         };
         // Route first, so the kernel stops sending into the overlay, then
         // the map entry. Only our own route (protocol 44) is ever deleted.
-        self.nl.del_route(&self.route_for(&old)).await?;
+        if let Some(r) = self.route_for(&old)
+            && let Err(e) = self.nl.del_route(&r).await
+        {
+            tracing::warn!(%subnet, error = %format!("{e:#}"), "cannot remove a peer's route; the next check removes it");
+        }
         self.direct.remove(&subnet);
-        self.maps.remove(&old)?;
-        Ok(true)
+        if let Err(e) = self.maps.remove(&old) {
+            tracing::warn!(%subnet, error = %format!("{e:#}"), "cannot remove a peer from the map");
+        }
+        true
     }
 
     /// Removes every peer not in `keep` (after adopting a pinned map, for
     /// leases that vanished while the agent was away).
-    pub async fn retain(&mut self, keep: &HashSet<Ipv4Net>) -> Result<usize> {
-        let gone: Vec<Ipv4Net> = self
+    pub async fn retain(&mut self, keep: &HashSet<IpNet>) -> Result<usize> {
+        let gone: Vec<IpNet> = self
             .peers
             .keys()
             .chain(self.problems.keys())
@@ -669,7 +795,7 @@ impl Overlay {
             .collect();
         for s in &gone {
             self.problems.remove(s);
-            self.remove(*s).await?;
+            self.remove(*s).await;
         }
         Ok(gone.len())
     }
@@ -693,73 +819,145 @@ impl Overlay {
                 "the uplink's MTU changed"
             );
             self.uplink.mtu = uplink.mtu;
-            self.write_config()?;
         }
-        let mtu = overlay_mtu(&self.spec, uplink.mtu);
-        if mtu != self.mtu {
-            tracing::info!(from = self.mtu, to = mtu, "the overlay MTU follows");
-            self.mtu = mtu;
+        let (mtu, mtu6) = (
+            overlay_mtu(&self.spec, uplink.mtu),
+            overlay_mtu6(&self.spec, uplink.mtu),
+        );
+        let pods_mtu = self.mtu();
+        self.mtu = mtu;
+        self.mtu6 = mtu6;
+        if self.mtu() != pods_mtu {
+            tracing::info!(from = pods_mtu, to = self.mtu(), "the overlay MTU follows");
             h.mtu_changed = true;
         }
 
-        // The device: gone (and its routes and program with it), or changed.
-        let dev = device_name(self.spec.vni);
-        let peer = device_peer_name(self.spec.vni);
-        let mac = self.spec.vtep_mac.0;
-        let link = self.nl.link(&dev).await?;
-        let recreate = link.as_ref().is_none_or(|l| l.index != self.device_index);
-        let changed = link
-            .as_ref()
-            .is_none_or(|l| !l.up || l.arp || l.mac != mac || l.mtu != mtu);
-        if recreate {
-            // The link pinned for the old device is defunct.
-            let pins = self.spec.pins.clone();
-            let d = dev.clone();
-            off_runtime(move || loader::detach(&pins, Hook::TcEgress, &d))?;
-        }
-        if changed {
-            let (index, _) = self.nl.ensure_overlay_device(&dev, &peer, mac, mtu).await?;
-            self.device_index = index;
-            if recreate
-                || link
-                    .as_ref()
-                    .is_some_and(|l| !l.up || l.arp || l.mac != mac)
-            {
-                h.repairs.push("device");
+        // The devices: gone (and their routes and programs with them), or
+        // changed.
+        let mut recreated = false;
+        if let Some(subnet) = self.subnets.v4
+            && self.spec.public_ip.is_some()
+        {
+            let dev = device_name(self.spec.vni);
+            let peer = device_peer_name(self.spec.vni);
+            let mac = self.spec.vtep_mac.0;
+            let link = self.nl.link(&dev).await?;
+            let recreate = link
+                .as_ref()
+                .is_none_or(|l| Some(l.index) != self.device_index);
+            let changed = link
+                .as_ref()
+                .is_none_or(|l| !l.up || l.arp || l.mac != mac || l.mtu != mtu);
+            if recreate {
+                // The link pinned for the old device is defunct.
+                let pins = self.spec.pins.clone();
+                let d = dev.clone();
+                off_runtime(move || loader::detach(&pins, Hook::TcEgress, &d))?;
+                recreated = true;
             }
-            for d in [&dev, &peer] {
-                let _ = sysctl::write_iface("ipv6", d, "disable_ipv6", "1");
+            if changed {
+                let (index, _) = self.nl.ensure_overlay_device(&dev, &peer, mac, mtu).await?;
+                self.device_index = Some(index);
+                if recreate
+                    || link
+                        .as_ref()
+                        .is_some_and(|l| !l.up || l.arp || l.mac != mac)
+                {
+                    h.repairs.push("device");
+                }
+                for d in [&dev, &peer] {
+                    let _ = sysctl::write_iface("ipv6", d, "disable_ipv6", "1");
+                }
+            }
+            let index = self.device_index.expect("set above");
+            if self.nl.addresses(index).await? != [(subnet.network(), 32)] {
+                self.nl
+                    .ensure_only_address(index, subnet.network(), 32)
+                    .await?;
+                h.repairs.push("address");
             }
         }
-        if self.nl.addresses(self.device_index).await? != [(self.subnet.network(), 32)] {
-            self.nl
-                .ensure_only_address(self.device_index, self.subnet.network(), 32)
-                .await?;
-            h.repairs.push("address");
-        }
-
-        // The programs.
-        let detached = recreate || {
-            let (loaded, attachments) = (&mut self.loaded, &self.attachments);
-            // XDP's check asks rtnetlink on a runtime of its own.
-            off_runtime(move || -> Result<bool> {
-                for a in attachments {
-                    if !loaded.is_attached(a)? {
-                        return Ok(true);
+        if let Some(subnet) = self.subnets.v6
+            && self.spec.public_ipv6.is_some()
+        {
+            let dev = device6_name(self.spec.vni);
+            let mac = self.spec.vtep6_mac.0;
+            let link = self.nl.link(&dev).await?;
+            let recreate = link
+                .as_ref()
+                .is_none_or(|l| Some(l.index) != self.device6_index);
+            let changed = link
+                .as_ref()
+                .is_none_or(|l| !l.up || l.arp || l.mac != mac || l.mtu != mtu6);
+            if recreate {
+                let pins = self.spec.pins.clone();
+                let d = dev.clone();
+                off_runtime(move || -> Result<()> {
+                    loader::detach(&pins, Hook::TcEgress, &d)?;
+                    loader::detach(&pins, Hook::TcIngress, &d)?;
+                    Ok(())
+                })?;
+                recreated = true;
+            }
+            if changed {
+                match ensure_device6(&self.nl, &self.spec, self.subnets, mtu6).await {
+                    Ok(index) => {
+                        let first = self.device6_index.is_none();
+                        self.device6_index = Some(index);
+                        if first {
+                            tracing::info!(device = %dev, "the IPv6 overlay device is up");
+                        } else if recreate || link.as_ref().is_some_and(|l| !l.up || l.arp || l.mac != mac) {
+                            h.repairs.push("device");
+                        }
+                        // The IPv6 peers waiting for it get their routes now.
+                        for pr in self.problems.values_mut() {
+                            if pr.peer.subnet.addr().is_ipv6() {
+                                pr.retry_at = Instant::now();
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        self.device6_index = None;
+                        tracing::warn!(error = %format!("{e:#}"), "still no IPv6 overlay device");
                     }
                 }
-                Ok(false)
-            })?
-        };
+            }
+            if let Some(index) = self.device6_index
+                && self.nl.addresses6(index).await? != [(subnet.network(), 128)]
+            {
+                self.nl
+                    .ensure_only_address6(index, subnet.network(), 128)
+                    .await?;
+                h.repairs.push("address");
+            }
+        }
+        // The config names the devices and MTUs: keep it current.
+        self.write_config()?;
+
+        // The programs.
+        let detached = recreated
+            || self.devices().len() != self.attachments.iter().filter(|a| a.hook == Hook::TcEgress).count()
+            || {
+                let (loaded, attachments) = (&mut self.loaded, &self.attachments);
+                // XDP's check asks rtnetlink on a runtime of its own.
+                off_runtime(move || -> Result<bool> {
+                    for a in attachments {
+                        if !loaded.is_attached(a)? {
+                            return Ok(true);
+                        }
+                    }
+                    Ok(false)
+                })?
+            };
         if detached {
             let pins = self.spec.pins.clone();
             let uplink_name = self.spec.uplink.clone();
             let bypass = self.spec.host_routing != HostRouting::Legacy;
             let plan = decap_plan(self.spec.xdp_mode, &uplink);
+            let devs = self.devices();
             let loaded = &mut self.loaded;
-            let d = dev.clone();
             let (attachments, decap) =
-                off_runtime(move || attach(loaded, &pins, &uplink_name, &d, plan, bypass))?;
+                off_runtime(move || attach(loaded, &pins, &uplink_name, &devs, plan, bypass))?;
             self.attachments = attachments;
             self.decap = decap;
             h.repairs.push("programs");
@@ -771,20 +969,18 @@ impl Overlay {
             h.repairs.push("programs");
         }
 
-        if host::apply(&self.spec.uplink, &self.spec.state_dir)? {
+        if host::apply(&self.spec.uplink, &self.spec.state_dir, self.subnets.v6.is_some())? {
             h.repairs.push("sysctls");
         }
 
         // Routes: every programmed peer's (those with a route problem are
         // retried on their own schedule), and no stale one of ours.
-        let want: HashMap<(std::net::Ipv4Addr, u8), Route> = self
+        let want: HashMap<(std::net::IpAddr, u8), Route> = self
             .peers
             .values()
             .filter(|p| !self.problems.contains_key(&p.subnet))
-            .map(|p| {
-                let r = self.route_for(p);
-                ((r.dst, r.prefix_len), r)
-            })
+            .filter_map(|p| self.route_for(p))
+            .map(|r| ((r.dst, r.prefix_len), r))
             .collect();
         // Sets: tens of thousands of peers are checked every few seconds.
         let have: HashSet<Route> = self.nl.weft_routes().await?.into_iter().collect();
@@ -797,10 +993,7 @@ impl Overlay {
             }
         }
         for r in &have {
-            if !self
-                .peers
-                .contains_key(&Ipv4Net::new(r.dst, r.prefix_len).unwrap_or_default())
-            {
+            if !r.net().is_some_and(|n| self.peers.contains_key(&n)) {
                 tracing::info!(dst = %r.dst, prefix_len = r.prefix_len, "removing a route of Weft's to no peer");
                 self.nl.del_route(r).await?;
             }
@@ -821,14 +1014,38 @@ impl Overlay {
         // version's, a peer that became direct) is replaced in place below,
         // never deleted first, so its traffic does not stop.
         for r in self.nl.weft_routes().await? {
-            let peer = Ipv4Net::new(r.dst, r.prefix_len).ok();
-            if !peer.is_some_and(|s| self.peers.contains_key(&s)) {
+            if !r.net().is_some_and(|s| self.peers.contains_key(&s)) {
                 self.nl.del_route(&r).await?;
             }
         }
         let peers: Vec<Peer> = self.peers.values().copied().collect();
         self.install_routes(&peers).await
     }
+}
+
+/// Creates (or converges) the IPv6 overlay device with its address and
+/// settings; returns its index.
+async fn ensure_device6(
+    nl: &Netlink,
+    spec: &DataplaneSpec,
+    subnets: OwnSubnets,
+    mtu: u32,
+) -> Result<u32> {
+    let (Some(local), Some(subnet)) = (spec.public_ipv6, subnets.v6) else {
+        bail!("no IPv6 VTEP address or subnet");
+    };
+    let dev = device6_name(spec.vni);
+    let (index, created) = nl
+        .ensure_vxlan6_device(&dev, spec.port, local, spec.vtep6_mac.0, mtu)
+        .await?;
+    if created {
+        tracing::info!(device = %dev, mtu, "created the IPv6 overlay device");
+    }
+    // No router advertisements on the overlay; its address is not
+    // duplicate-checked (no ARP, no neighbour discovery).
+    let _ = sysctl::write_iface("ipv6", &dev, "accept_ra", "0");
+    nl.ensure_only_address6(index, subnet.network(), 128).await?;
+    Ok(index)
 }
 
 /// Runs blocking loader code (which may start its own netlink runtime) on a
@@ -838,8 +1055,9 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| s.spawn(f).join().expect("loader thread panicked"))
 }
 
-/// A peer's route through the overlay device: `<subnet> dev weft.1 scope
-/// link`, without flannel's `via <subnet>.0 onlink`. The encapsulation finds
+/// A peer's route through its overlay device: `<subnet> dev weft.1 scope
+/// link` (IPv6: `dev weft-v6.1`), without flannel's `via <subnet>.0
+/// onlink`. The encapsulation finds
 /// the peer from the packet's destination, so no gateway is needed, and the
 /// kernel shares one nexthop among all such routes; with a gateway each route
 /// gets a nexthop of its own, and the kernel's nexthop table hashes them all
@@ -879,11 +1097,19 @@ fn attach(
     loaded: &mut Loaded,
     pins: &PinDir,
     uplink: &str,
-    dev: &str,
+    devices: &[(String, bool)],
     (xdp_modes, why): (Vec<XdpMode>, String),
     bypass: bool,
 ) -> Result<Attached> {
-    let mut out = vec![loaded.attach_tc(program_names::ENCAP, dev, Hook::TcEgress)?];
+    let mut out = Vec::new();
+    for (dev, v6) in devices {
+        if *v6 {
+            out.push(loaded.attach_tc(program_names::ENCAP6, dev, Hook::TcEgress)?);
+            out.push(loaded.attach_tc(program_names::TUNNEL_RX, dev, Hook::TcIngress)?);
+        } else {
+            out.push(loaded.attach_tc(program_names::ENCAP, dev, Hook::TcEgress)?);
+        }
+    }
     let xdp = if xdp_modes.is_empty() {
         None
     } else {
@@ -933,6 +1159,13 @@ fn overlay_mtu(spec: &DataplaneSpec, uplink_mtu: u32) -> u32 {
     spec.underlay_mtu.unwrap_or(uplink_mtu) - VXLAN_OVERHEAD
 }
 
+/// The IPv6 overlay device's MTU: the underlay's less VXLAN's 70 bytes over
+/// IPv6 (flannel subtracts 50 for both, which leaves a full-size IPv6
+/// packet too big for the underlay).
+fn overlay_mtu6(spec: &DataplaneSpec, uplink_mtu: u32) -> u32 {
+    spec.underlay_mtu.unwrap_or(uplink_mtu).saturating_sub(VXLAN6_OVERHEAD)
+}
+
 /// The subnets the addresses of device `index` are on.
 async fn uplink_nets(nl: &Netlink, index: u32) -> Result<Vec<Ipv4Net>> {
     Ok(nl
@@ -964,8 +1197,10 @@ pub(crate) async fn teardown(pins: &PinDir, vni: u32, state_dir: &Path) -> Resul
         nl.del_route(&r).await?;
         removed.push(format!("route {}/{}", r.dst, r.prefix_len));
     }
-    if nl.delete_link(&dev).await? {
-        removed.push(format!("device {dev}"));
+    for dev in [dev, device6_name(vni)] {
+        if nl.delete_link(&dev).await? {
+            removed.push(format!("device {dev}"));
+        }
     }
     let mut dirs: Vec<std::path::PathBuf> = vec![pins.maps()];
     dirs.extend(pins.other_map_versions().into_iter().map(|(_, d)| d));

@@ -20,17 +20,21 @@
 //! lease grant; a lost race costs one more transaction, because a failed
 //! transaction returns a fresh read of the prefix in the same round trip.
 
-use std::{collections::HashSet, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::HashSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use rand::{Rng, seq::IndexedRandom as _};
 use thiserror::Error;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::{
     attrs::LeaseAttrs,
     config::NetworkConfig,
-    key::{parse_key, to_key},
+    key::{Subnets, parse_key},
     store::{Compare, KeyValue, Listing, Op, Store, StoreError},
 };
 use crate::{backoff::Backoff, net::overlaps};
@@ -39,13 +43,26 @@ use crate::{backoff::Backoff, net::overlaps};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
     pub node_id: String,
+    /// Our IPv4 VTEP address; unspecified on an IPv6-only node.
     pub public_ip: Ipv4Addr,
+    /// Our IPv6 VTEP address, when the network has IPv6.
+    pub public_ipv6: Option<Ipv6Addr>,
 }
 
-/// A subnet we hold.
+impl Identity {
+    /// The address our leases are known by (see `LeaseAttrs::node_addr`).
+    pub fn addr(&self) -> IpAddr {
+        match self.public_ipv6 {
+            Some(v6) if self.public_ip.is_unspecified() => IpAddr::V6(v6),
+            _ => IpAddr::V4(self.public_ip),
+        }
+    }
+}
+
+/// The subnets we hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldLease {
-    pub subnet: Ipv4Net,
+    pub subnet: Subnets,
     pub key: String,
     /// Our etcd lease; 0 when we hold an operator's reservation (no TTL).
     pub lease_id: i64,
@@ -70,8 +87,8 @@ pub enum AcquireError {
         leased: u64,
         reserved: u64,
         other: u64,
-        min: Ipv4Addr,
-        max: Ipv4Addr,
+        min: IpAddr,
+        max: IpAddr,
     },
     #[error("lost {0} races for a free subnet in a row")]
     Contended(u32),
@@ -97,8 +114,8 @@ pub struct AcquireRequest<'a> {
     pub value: &'a LeaseAttrs,
     /// TTL of the etcd lease we attach, in seconds.
     pub ttl: i64,
-    /// The subnet we would like (from the subnet file, or the one we held).
-    pub preferred: Option<Ipv4Net>,
+    /// The subnets we would like (from the subnet file, or the ones we held).
+    pub preferred: Option<Subnets>,
     /// An etcd lease we already hold and may attach (None: grant one).
     pub lease_id: Option<i64>,
 }
@@ -117,7 +134,7 @@ const CANDIDATES: usize = 256;
 /// One key under the subnets prefix, parsed.
 #[derive(Clone, Debug)]
 struct Entry {
-    subnet: Option<Ipv4Net>,
+    subnet: Option<Subnets>,
     kv: KeyValue,
     attrs: Option<LeaseAttrs>,
 }
@@ -126,15 +143,15 @@ struct Entry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Plan {
     /// The key is already ours exactly as we want it.
-    Adopt(KeyValue, Ipv4Net),
+    Adopt(KeyValue, Subnets),
     /// Rewrite our own key (or our reservation) if unchanged since we read it.
     Reclaim {
         kv: KeyValue,
-        subnet: Ipv4Net,
+        subnet: Subnets,
         reservation: bool,
     },
-    /// Create a free subnet's key.
-    Create(Ipv4Net),
+    /// Create free subnets' key.
+    Create(Subnets),
     OutOfSubnets(AcquireError),
 }
 
@@ -146,8 +163,7 @@ fn parse_listing(prefix: &str, listing: &Listing) -> Vec<Entry> {
             subnet: kv
                 .key
                 .strip_prefix(prefix)
-                .and_then(|s| parse_key(s).ok())
-                .map(|k| k.v4),
+                .and_then(|s| parse_key(s).ok()),
             attrs: LeaseAttrs::parse(&kv.value).ok(),
             kv: kv.clone(),
         })
@@ -163,7 +179,7 @@ fn parse_listing(prefix: &str, listing: &Listing) -> Vec<Entry> {
 fn is_ours(e: &Entry, me: &Identity, cfg: &NetworkConfig) -> bool {
     let Some(a) = &e.attrs else { return false };
     let Some(subnet) = e.subnet else { return false };
-    if a.public_ip != me.public_ip || !cfg.is_assignable(&subnet) {
+    if a.node_addr() != me.addr() || !cfg.is_assignable(&subnet) {
         return false;
     }
     match &a.node_id {
@@ -218,38 +234,18 @@ fn plan(
 
     // Nothing of ours: every existing key inside the network takes the
     // subnets it overlaps, whatever its value (reservations, malformed
-    // values and other prefix lengths too). A key for a network around ours
-    // (a supernet such as 0.0.0.0-0, which IPv6-only flannel leases use) is
-    // not a claim on every subnet.
+    // values and other prefix lengths too), in each family. A key for a
+    // network around ours (a supernet such as 0.0.0.0-0) is not a claim on
+    // every subnet.
     let cfg = req.config;
-    let mut exact: HashSet<u32> = HashSet::new();
-    let mut others: Vec<Ipv4Net> = Vec::new();
-    for s in entries.iter().filter_map(|e| e.subnet) {
-        if !cfg.network.contains(&s) {
-            continue;
-        }
-        if s.prefix_len() == cfg.subnet_len {
-            exact.insert(u32::from(s.network()));
-        } else {
-            others.push(s);
-        }
-    }
-    let is_free = |s: &Ipv4Net| {
-        !exact.contains(&u32::from(s.network())) && !others.iter().any(|o| overlaps(o, s))
-    };
-
+    let taken = Taken::new(cfg, entries);
     if let Some(p) = req.preferred
-        && cfg.is_assignable(&p)
-        && is_free(&p)
+        && let Some(p) = preferred_fenced(cfg, p)
+        && taken.is_free(&p)
     {
         return (Plan::Create(p), Vec::new());
     }
-    let free: Vec<Ipv4Net> = cfg
-        .subnets()
-        .filter(|s| is_free(s))
-        .take(CANDIDATES)
-        .collect();
-    match free.choose(rng) {
+    match free_subnets(cfg, &taken).choose(rng) {
         Some(s) => (Plan::Create(*s), Vec::new()),
         None => {
             let in_range: Vec<&Entry> = entries
@@ -258,19 +254,146 @@ fn plan(
                 .collect();
             let leased = in_range.iter().filter(|e| e.kv.lease != 0).count() as u64;
             let reserved = in_range.iter().filter(|e| e.kv.lease == 0).count() as u64;
-            let total = cfg.subnet_count();
+            let (total, min, max) = pool_extent(cfg);
             (
                 Plan::OutOfSubnets(AcquireError::OutOfSubnets {
                     total,
                     leased,
                     reserved,
                     other: total.saturating_sub(leased + reserved),
-                    min: cfg.subnet_min,
-                    max: cfg.subnet_max,
+                    min,
+                    max,
                 }),
                 Vec::new(),
             )
         }
+    }
+}
+
+/// The subnets the keys under the prefix take, per family: the exact
+/// subnets of the configured length, and any other inside the network.
+struct Taken {
+    exact4: HashSet<u32>,
+    others4: Vec<Ipv4Net>,
+    exact6: HashSet<u128>,
+    others6: Vec<Ipv6Net>,
+}
+
+impl Taken {
+    fn new(cfg: &NetworkConfig, entries: &[Entry]) -> Self {
+        let mut t = Taken {
+            exact4: HashSet::new(),
+            others4: Vec::new(),
+            exact6: HashSet::new(),
+            others6: Vec::new(),
+        };
+        for s in entries.iter().filter_map(|e| e.subnet) {
+            if let (Some(p), Some(n)) = (&cfg.ipv4, s.v4)
+                && p.network.contains(&n)
+            {
+                if n.prefix_len() == p.subnet_len {
+                    t.exact4.insert(u32::from(n.network()));
+                } else {
+                    t.others4.push(n);
+                }
+            }
+            if let (Some(p), Some(n)) = (&cfg.ipv6, s.v6)
+                && p.network.contains(&n)
+            {
+                if n.prefix_len() == p.subnet_len {
+                    t.exact6.insert(u128::from(n.network()));
+                } else {
+                    t.others6.push(n);
+                }
+            }
+        }
+        t
+    }
+
+    fn is_free4(&self, s: &Ipv4Net) -> bool {
+        !self.exact4.contains(&u32::from(s.network())) && !self.others4.iter().any(|o| overlaps(o, s))
+    }
+
+    fn is_free6(&self, s: &Ipv6Net) -> bool {
+        !self.exact6.contains(&u128::from(s.network()))
+            && !self.others6.iter().any(|o| o.contains(s) || s.contains(o))
+    }
+
+    fn is_free(&self, s: &Subnets) -> bool {
+        s.v4.is_none_or(|n| self.is_free4(&n)) && s.v6.is_none_or(|n| self.is_free6(&n))
+    }
+}
+
+/// The first free subnets (up to [`CANDIDATES`]) a new lease is drawn
+/// from. A dual-stack lease takes the IPv6 subnet of the same index as its
+/// IPv4 subnet: the create-if-absent transaction fences the key, and with
+/// every Weft node pairing subnets the same way, a unique IPv4 half makes
+/// the IPv6 half unique too (two keys `A&X` and `B&X` can never both be
+/// created by Weft nodes).
+fn free_subnets(cfg: &NetworkConfig, taken: &Taken) -> Vec<Subnets> {
+    match (&cfg.ipv4, &cfg.ipv6) {
+        (Some(p4), Some(p6)) => (0..p4.subnet_count().min(p6.subnet_count()))
+            .filter_map(|i| {
+                let s = Subnets {
+                    v4: p4.nth(i),
+                    v6: p6.nth(i),
+                };
+                taken.is_free(&s).then_some(s)
+            })
+            .take(CANDIDATES)
+            .collect(),
+        (Some(p4), None) => p4
+            .subnets()
+            .filter(|s| taken.is_free4(s))
+            .take(CANDIDATES)
+            .map(Subnets::v4)
+            .collect(),
+        (None, Some(p6)) => p6
+            .subnets()
+            .filter(|s| taken.is_free6(s))
+            .take(CANDIDATES)
+            .map(|s| Subnets {
+                v4: None,
+                v6: Some(s),
+            })
+            .collect(),
+        (None, None) => Vec::new(),
+    }
+}
+
+/// The subnets a preference may be created as: only what this config can
+/// hand out, and for a dual-stack lease only the pairing every Weft node
+/// uses (the preferred IPv4 subnet with its own IPv6 subnet), so a stale
+/// subnet file can never create a second key for an IPv6 subnet.
+fn preferred_fenced(cfg: &NetworkConfig, p: Subnets) -> Option<Subnets> {
+    match (&cfg.ipv4, &cfg.ipv6) {
+        (Some(p4), Some(p6)) => {
+            let i = p4.index(&p.v4?)?;
+            Some(Subnets {
+                v4: p.v4,
+                v6: Some(p6.nth(i)?),
+            })
+        }
+        _ => cfg.is_assignable(&p).then_some(p),
+    }
+}
+
+/// How many leases the config can hand out, and the first and last
+/// subnet's address (IPv4 when the network has it).
+fn pool_extent(cfg: &NetworkConfig) -> (u64, IpAddr, IpAddr) {
+    match (&cfg.ipv4, &cfg.ipv6) {
+        (Some(p4), v6) => (
+            v6.as_ref()
+                .map_or(p4.subnet_count(), |p6| p4.subnet_count().min(p6.subnet_count())),
+            p4.subnet_min.into(),
+            p4.subnet_max.into(),
+        ),
+        (None, Some(p6)) => (
+            p6.subnet_count(),
+            p6.subnet_min.into(),
+            p6.subnet_max.into(),
+        ),
+        (None, None) => (0, Ipv4Addr::UNSPECIFIED.into(), Ipv4Addr::UNSPECIFIED.into()),
     }
 }
 
@@ -328,7 +451,7 @@ async fn acquire_inner<S: Store>(
                 Some(kv.create_revision),
             ),
             Plan::Create(subnet) => {
-                let key = format!("{prefix}{}", to_key(&subnet));
+                let key = format!("{prefix}{}", subnet.key());
                 (
                     key.clone(),
                     subnet,
@@ -424,10 +547,15 @@ mod tests {
         NetworkConfig::parse(br#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap()
     }
 
+    fn v4(s: &str) -> Subnets {
+        Subnets::v4(s.parse().unwrap())
+    }
+
     fn me(n: &str, ip: [u8; 4]) -> Identity {
         Identity {
             node_id: n.into(),
             public_ip: Ipv4Addr::from(ip),
+            public_ipv6: None,
         }
     }
 
@@ -438,7 +566,7 @@ mod tests {
     fn kv(subnet: &str, v: &LeaseAttrs, lease: i64, rev: i64) -> KeyValue {
         let s: Ipv4Net = subnet.parse().unwrap();
         KeyValue {
-            key: format!("/p/subnets/{}", to_key(&s)),
+            key: format!("/p/subnets/{}", super::super::key::to_key(&s)),
             value: v.to_json().into_bytes(),
             create_revision: rev,
             mod_revision: rev,
@@ -461,7 +589,7 @@ mod tests {
             me: m,
             value: &v,
             ttl: 60,
-            preferred: preferred.map(|p| p.parse().unwrap()),
+            preferred: preferred.map(|p| Subnets::v4(p.parse().unwrap())),
             lease_id: lease,
         };
         let listing = Listing { revision: 10, kvs };
@@ -495,12 +623,12 @@ mod tests {
     fn a_free_preference_is_created() {
         let a = me("a", [198, 18, 0, 1]);
         let (p, _) = run_plan(&a, Some("10.5.9.0/24"), vec![], None);
-        assert_eq!(p, Plan::Create("10.5.9.0/24".parse().unwrap()));
+        assert_eq!(p, Plan::Create(v4("10.5.9.0/24")));
         // Outside SubnetMin..SubnetMax or misaligned: ignored.
         let (p, _) = run_plan(&a, Some("10.5.0.0/24"), vec![], None);
-        assert_ne!(p, Plan::Create("10.5.0.0/24".parse().unwrap()));
+        assert_ne!(p, Plan::Create(v4("10.5.0.0/24")));
         let (p, _) = run_plan(&a, Some("10.5.9.0/25"), vec![], None);
-        assert!(matches!(p, Plan::Create(s) if s.prefix_len() == 24));
+        assert!(matches!(p, Plan::Create(s) if s.v4.unwrap().prefix_len() == 24));
     }
 
     #[test]
@@ -561,7 +689,7 @@ mod tests {
     fn out_of_subnets_counts_what_holds_them() {
         let c = NetworkConfig::parse(br#"{"Network":"10.9.0.0/28","Backend":{"Type":"vxlan"}}"#)
             .unwrap();
-        assert_eq!(c.subnet_count(), 3);
+        assert_eq!(c.ipv4.as_ref().unwrap().subnet_count(), 3);
         let b = me("b", [198, 18, 0, 2]);
         let kvs = vec![
             kv("10.9.0.4/30", &value(&b), 1, 1),
@@ -600,5 +728,139 @@ mod tests {
             e.to_string(),
             "out of subnets: all 3 subnets from 10.9.0.4 to 10.9.0.12 are taken (2 by leases, 1 by reservations, 0 by other keys)"
         );
+    }
+
+    #[test]
+    fn keys_of_ours_that_no_longer_fit_the_config_are_not_reclaimed() {
+        let a = me("a", [198, 18, 0, 1]);
+        // Ours by node id and address, but of another prefix length, or
+        // outside SubnetMin..SubnetMax: a new subnet, and the key is left
+        // alone (not reclaimed, not removed as a leftover).
+        for stale in ["10.5.3.0/25", "10.5.0.0/24"] {
+            let k = kv(stale, &value(&a), 5, 4);
+            let (p, extras) = run_plan(&a, None, vec![k.clone()], Some(99));
+            assert!(
+                matches!(p, Plan::Create(s) if s.v4.unwrap().prefix_len() == 24 && s.v4.unwrap().to_string() != stale),
+                "{stale}: {p:?}"
+            );
+            assert!(extras.is_empty(), "{stale}: {extras:?}");
+        }
+    }
+
+    fn dual_cfg() -> NetworkConfig {
+        NetworkConfig::parse(
+            br#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:5::/56","Backend":{"Type":"vxlan"}}"#,
+        )
+        .unwrap()
+    }
+
+    fn dual_plan(m: &Identity, preferred: Option<Subnets>, kvs: Vec<KeyValue>) -> Plan {
+        let c = dual_cfg();
+        let v = value(m).with_v6("fd00:18::1".parse().unwrap(), 1, MacAddr([2, 0, 0, 0, 0, 9]));
+        let req = AcquireRequest {
+            subnets_prefix: "/p/subnets/",
+            config: &c,
+            me: m,
+            value: &v,
+            ttl: 60,
+            preferred,
+            lease_id: None,
+        };
+        let entries = parse_listing("/p/subnets/", &Listing { revision: 1, kvs });
+        plan(&req, &entries, None, &mut rand::rngs::StdRng::seed_from_u64(3)).0
+    }
+
+    #[test]
+    fn dual_stack_leases_pair_each_ipv4_subnet_with_the_ipv6_subnet_of_its_index() {
+        let c = dual_cfg();
+        let (p4, p6) = (c.ipv4.clone().unwrap(), c.ipv6.clone().unwrap());
+        let mut a = me("a", [198, 18, 0, 1]);
+        a.public_ipv6 = Some("fd00:18::1".parse().unwrap());
+        let Plan::Create(s) = dual_plan(&a, None, vec![]) else {
+            panic!("a fresh network has room")
+        };
+        let i = p4.index(&s.v4.unwrap()).unwrap();
+        assert_eq!(s.v6, p6.nth(i), "{s}");
+        assert_eq!(
+            s.key(),
+            format!("{}-24&{}-64", s.v4.unwrap().network(), s.v6.unwrap().network())
+        );
+
+        // A stale subnet file naming a pair no Weft node chooses: its IPv4
+        // half is kept, with the IPv6 half of its own index.
+        let stale = Subnets {
+            v4: p4.nth(7),
+            v6: p6.nth(3),
+        };
+        assert_eq!(
+            dual_plan(&a, Some(stale), vec![]),
+            Plan::Create(Subnets {
+                v4: p4.nth(7),
+                v6: p6.nth(7)
+            })
+        );
+
+        // An IPv6 subnet held by a key of another pairing (a flannel node's)
+        // makes its index unusable even though the IPv4 half is free.
+        let b = me("b", [198, 18, 0, 2]);
+        let held = KeyValue {
+            key: format!(
+                "/p/subnets/{}",
+                Subnets {
+                    v4: p4.nth(200),
+                    v6: p6.nth(7)
+                }
+                .key()
+            ),
+            value: value(&b).to_json().into_bytes(),
+            create_revision: 2,
+            mod_revision: 2,
+            version: 1,
+            lease: 5,
+        };
+        let p = dual_plan(&a, Some(stale), vec![held]);
+        assert!(
+            matches!(p, Plan::Create(s) if s.v6 != p6.nth(7) && s.v4 != p4.nth(200)),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn ipv6_only_leases_use_flannels_empty_ipv4_half() {
+        let c = NetworkConfig::parse(
+            br#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:5::/56","Backend":{"Type":"vxlan"}}"#,
+        )
+        .unwrap();
+        let a = Identity {
+            node_id: "a".into(),
+            public_ip: Ipv4Addr::UNSPECIFIED,
+            public_ipv6: Some("fd00:18::1".parse().unwrap()),
+        };
+        let v = LeaseAttrs::vxlan_v6_only(a.public_ipv6.unwrap(), 1, MacAddr([2, 0, 0, 0, 0, 1]), "a");
+        let req = AcquireRequest {
+            subnets_prefix: "/p/subnets/",
+            config: &c,
+            me: &a,
+            value: &v,
+            ttl: 60,
+            preferred: None,
+            lease_id: None,
+        };
+        // Another IPv6-only node's key takes its IPv6 subnet only.
+        let first = c.ipv6.as_ref().unwrap().nth(0).unwrap();
+        let other = KeyValue {
+            key: format!("/p/subnets/0.0.0.0-0&{}-64", first.network()),
+            value: br#"{"PublicIP":"0.0.0.0","PublicIPv6":"fd00:18::2"}"#.to_vec(),
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: 3,
+        };
+        let entries = parse_listing("/p/subnets/", &Listing { revision: 1, kvs: vec![other] });
+        let (p, _) = plan(&req, &entries, None, &mut rand::rngs::StdRng::seed_from_u64(1));
+        let Plan::Create(s) = p else { panic!("{p:?}") };
+        assert_eq!(s.v4, None);
+        assert_ne!(s.v6, Some(first));
+        assert!(s.key().starts_with("0.0.0.0-0&fd00:5:0:"), "{}", s.key());
     }
 }

@@ -5,7 +5,7 @@
 //! `{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan",
 //!   "BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}`
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -122,6 +122,30 @@ impl LeaseAttrs {
         }
     }
 
+    /// The value of an IPv6-only Weft node, as flannel writes one: the
+    /// IPv4 PublicIP unspecified, no IPv4 backend data.
+    pub fn vxlan_v6_only(
+        public_ipv6: Ipv6Addr,
+        vni: u32,
+        vtep_mac: MacAddr,
+        node_id: &str,
+    ) -> Self {
+        let mut a = Self::vxlan(Ipv4Addr::UNSPECIFIED, vni, vtep_mac, node_id);
+        a.backend_data = None;
+        a.with_v6(public_ipv6, vni, vtep_mac)
+    }
+
+    /// Adds the IPv6 VTEP of a dual-stack node (`PublicIPv6`,
+    /// `BackendV6Data`).
+    pub fn with_v6(mut self, public_ipv6: Ipv6Addr, vni: u32, vtep_mac: MacAddr) -> Self {
+        self.public_ipv6 = Some(public_ipv6);
+        self.backend_v6_data = Some(RawJson(
+            serde_json::value::to_raw_value(&VxlanData { vni, vtep_mac })
+                .expect("plain struct serializes"),
+        ));
+        self
+    }
+
     pub fn parse(bytes: &[u8]) -> Result<Self, AttrsError> {
         let w: Wire = serde_json::from_slice(bytes).map_err(|e| AttrsError::Json(e.to_string()))?;
         let public_ip = w
@@ -167,9 +191,31 @@ impl LeaseAttrs {
         serde_json::from_str(data.get()).map_err(|e| AttrsError::VxlanData(e.to_string()))
     }
 
-    /// Whether this value names `node_id` at `public_ip`.
-    pub fn names(&self, node_id: &str, public_ip: Ipv4Addr) -> bool {
-        self.public_ip == public_ip && self.node_id.as_deref() == Some(node_id)
+    /// The vxlan backend data of the IPv6 VTEP (`BackendV6Data`).
+    pub fn vxlan_v6_data(&self) -> Result<VxlanData, AttrsError> {
+        if self.backend_type != "vxlan" {
+            return Err(AttrsError::NotVxlan(self.backend_type.clone()));
+        }
+        let data = self
+            .backend_v6_data
+            .as_ref()
+            .ok_or_else(|| AttrsError::VxlanData("BackendV6Data is missing".into()))?;
+        serde_json::from_str(data.get()).map_err(|e| AttrsError::VxlanData(e.to_string()))
+    }
+
+    /// The address that says which node a lease is for: its IPv4
+    /// PublicIP, or on an IPv6-only node (PublicIP unspecified) its
+    /// PublicIPv6.
+    pub fn node_addr(&self) -> IpAddr {
+        match self.public_ipv6 {
+            Some(v6) if self.public_ip.is_unspecified() => IpAddr::V6(v6),
+            _ => IpAddr::V4(self.public_ip),
+        }
+    }
+
+    /// Whether this value names `node_id` at `addr` (see [`Self::node_addr`]).
+    pub fn names(&self, node_id: &str, addr: IpAddr) -> bool {
+        self.node_addr() == addr && self.node_id.as_deref() == Some(node_id)
     }
 }
 
@@ -207,8 +253,35 @@ mod tests {
         assert!(
             LeaseAttrs::parse(json.as_bytes())
                 .unwrap()
-                .names("node-a", a.public_ip)
+                .names("node-a", a.public_ip.into())
         );
+    }
+
+    /// Dual-stack and IPv6-only leases as flannel writes them.
+    const FLANNEL_DUAL: &str = r#"{"PublicIP":"192.168.64.3","PublicIPv6":"fd00:64::3","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"},"BackendV6Data":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:46"}}"#;
+    const FLANNEL_V6: &str = r#"{"PublicIP":"0.0.0.0","PublicIPv6":"fd00:64::3","BackendType":"vxlan","BackendV6Data":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:46"}}"#;
+
+    #[test]
+    fn dual_stack_and_ipv6_only_values_both_ways() {
+        let mac4 = "c6:d2:32:6f:8f:44".parse().unwrap();
+        let mac6 = "c6:d2:32:6f:8f:46".parse().unwrap();
+        let v6: Ipv6Addr = "fd00:64::3".parse().unwrap();
+        let dual = LeaseAttrs::vxlan(Ipv4Addr::new(192, 168, 64, 3), 1, mac4, "n").with_v6(v6, 1, mac6);
+        assert_eq!(
+            dual.to_json().replace(r#","WeftNodeID":"n""#, ""),
+            FLANNEL_DUAL
+        );
+        let read = LeaseAttrs::parse(FLANNEL_DUAL.as_bytes()).unwrap();
+        assert_eq!(read.vxlan_v6_data().unwrap().vtep_mac, mac6);
+        assert_eq!(read.node_addr(), IpAddr::V4(Ipv4Addr::new(192, 168, 64, 3)));
+        assert_eq!(read.to_json(), FLANNEL_DUAL);
+
+        let only = LeaseAttrs::vxlan_v6_only(v6, 1, mac6, "n");
+        assert_eq!(only.to_json().replace(r#","WeftNodeID":"n""#, ""), FLANNEL_V6);
+        assert!(only.vxlan_data().is_err(), "no IPv4 VTEP");
+        assert_eq!(only.node_addr(), IpAddr::V6(v6));
+        assert!(only.names("n", IpAddr::V6(v6)));
+        assert!(!only.names("n", IpAddr::V4(Ipv4Addr::UNSPECIFIED)));
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //! flannel's defaults and rules, so a config written for flannel means the
 //! same thing to Weft.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
+
+use super::key::Subnets;
 
 /// A config that cannot be used, naming the field at fault.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -24,20 +26,40 @@ fn err(field: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// A validated network config (IPv4, vxlan backend).
+/// The IPv4 half of a network config: `Network`, `SubnetLen`,
+/// `SubnetMin`, `SubnetMax`, with flannel's defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NetworkConfig {
+pub struct Ipv4Pool {
     pub network: Ipv4Net,
     pub subnet_len: u8,
     /// First subnet handed out (aligned to `subnet_len`).
     pub subnet_min: Ipv4Addr,
     /// Last subnet handed out (aligned to `subnet_len`).
     pub subnet_max: Ipv4Addr,
+}
+
+/// The IPv6 half: `IPv6Network`, `IPv6SubnetLen`, `IPv6SubnetMin`,
+/// `IPv6SubnetMax`, with flannel's defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ipv6Pool {
+    pub network: Ipv6Net,
+    pub subnet_len: u8,
+    pub subnet_min: Ipv6Addr,
+    pub subnet_max: Ipv6Addr,
+}
+
+/// A validated network config (vxlan backend; IPv4, IPv6 or both).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkConfig {
+    /// `EnableIPv4` (flannel's default: on).
+    pub ipv4: Option<Ipv4Pool>,
+    /// `EnableIPv6` (flannel's default: off).
+    pub ipv6: Option<Ipv6Pool>,
     pub backend_type: String,
     pub vni: u32,
     pub port: u16,
     /// `Backend.MTU`: the underlay MTU to assume (the overlay's is 50
-    /// less); None: the uplink's.
+    /// less, 70 over IPv6); None: the uplink's.
     pub mtu: Option<u32>,
     /// `Backend.DirectRouting`: peers on the uplink's own subnet are sent
     /// to without encapsulation.
@@ -59,18 +81,132 @@ impl NetworkConfig {
 
     fn from_object(obj: &Map<String, Value>) -> Result<Self, ConfigError> {
         let mut ignored = Vec::new();
-        if get_bool(obj, "EnableIPv4")? == Some(false) {
+        let enable_v4 = get_bool(obj, "EnableIPv4")?.unwrap_or(true);
+        let enable_v6 = get_bool(obj, "EnableIPv6")?.unwrap_or(false);
+        if !enable_v4 && !enable_v6 {
             return Err(err(
                 "EnableIPv4",
-                "is false, but Weft's datapath carries IPv4 pod traffic only",
+                "is false and EnableIPv6 is not true: the network has no address family",
             ));
         }
-        if get_bool(obj, "EnableIPv6")? == Some(true) {
+        let ipv4 = if enable_v4 {
+            Some(Ipv4Pool::from_object(obj)?)
+        } else {
+            None
+        };
+        let ipv6 = if enable_v6 {
+            Some(Ipv6Pool::from_object(obj)?)
+        } else {
+            None
+        };
+        let backend = match obj.get("Backend") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(b)) => b.clone(),
+            Some(_) => {
+                return Err(err(
+                    "Backend",
+                    "must be an object like {\"Type\":\"vxlan\"}",
+                ));
+            }
+        };
+        // flannel's default backend is "udp".
+        let backend_type = get_str(&backend, "Type")
+            .map_err(|e| err("Backend.Type", e.reason))?
+            .unwrap_or("udp")
+            .to_ascii_lowercase();
+        if backend_type != "vxlan" {
             return Err(err(
-                "EnableIPv6",
-                "is true, but Weft's datapath carries IPv4 pod traffic only; dual-stack networks are not supported",
+                "Backend.Type",
+                format!("is {backend_type:?}; Weft implements flannel's \"vxlan\" backend only"),
             ));
         }
+        let vni = match get_u64(&backend, "VNI").map_err(|e| err("Backend.VNI", e.reason))? {
+            None | Some(0) => dataplane_common::DEFAULT_VNI,
+            Some(v) if v < (1 << 24) => v as u32,
+            Some(v) => return Err(err("Backend.VNI", format!("{v} does not fit in 24 bits"))),
+        };
+        let port = match get_u64(&backend, "Port").map_err(|e| err("Backend.Port", e.reason))? {
+            None | Some(0) => dataplane_common::DEFAULT_VXLAN_PORT,
+            Some(p) if p <= u16::MAX as u64 => p as u16,
+            Some(p) => return Err(err("Backend.Port", format!("{p} is not a UDP port"))),
+        };
+        if get_bool(&backend, "GBP").map_err(|e| err("Backend.GBP", e.reason))? == Some(true) {
+            return Err(err(
+                "Backend.GBP",
+                "VXLAN group-based policy is not supported by Weft",
+            ));
+        }
+        let mtu = match get_u64(&backend, "MTU").map_err(|e| err("Backend.MTU", e.reason))? {
+            None | Some(0) => None,
+            Some(m) if m > (dataplane_common::VXLAN_OVERHEAD + 68) as u64 && m <= 65_535 => {
+                Some(m as u32)
+            }
+            Some(m) => {
+                return Err(err(
+                    "Backend.MTU",
+                    format!(
+                        "{m} is not a usable underlay MTU (it must leave at least 68 bytes after VXLAN's {} and be at most 65535)",
+                        dataplane_common::VXLAN_OVERHEAD
+                    ),
+                ));
+            }
+        };
+        let direct_routing = get_bool(&backend, "DirectRouting")
+            .map_err(|e| err("Backend.DirectRouting", e.reason))?
+            .unwrap_or(false);
+        for (key, what) in [(
+            "Learning",
+            "Weft programs its peers from etcd; learning does not apply",
+        )] {
+            if let Some(v) = backend.get(key)
+                && !matches!(v, Value::Null | Value::Bool(false))
+            {
+                ignored.push(format!("Backend.{key}={v}: {what}"));
+            }
+        }
+
+        Ok(Self {
+            ipv4,
+            ipv6,
+            backend_type,
+            vni,
+            port,
+            mtu,
+            direct_routing,
+            ignored,
+        })
+    }
+
+    /// The IPv4 network, when the config enables IPv4.
+    pub fn network(&self) -> Option<Ipv4Net> {
+        self.ipv4.as_ref().map(|p| p.network)
+    }
+
+    /// The IPv6 network, when the config enables IPv6.
+    pub fn ipv6_network(&self) -> Option<Ipv6Net> {
+        self.ipv6.as_ref().map(|p| p.network)
+    }
+
+    /// The subnets of a lease this config could hand out: each enabled
+    /// family's subnet present and assignable, no other (flannel's
+    /// `isSubnetConfigCompat` and `isIPv6SubnetConfigCompat`).
+    pub fn is_assignable(&self, s: &Subnets) -> bool {
+        let v4 = match (&self.ipv4, s.v4) {
+            (Some(p), Some(n)) => p.is_assignable(&n),
+            (None, None) => true,
+            _ => false,
+        };
+        let v6 = match (&self.ipv6, s.v6) {
+            (Some(p), Some(n)) => p.is_assignable(&n),
+            (None, None) => true,
+            _ => false,
+        };
+        v4 && v6
+    }
+}
+
+impl Ipv4Pool {
+    fn from_object(obj: &Map<String, Value>) -> Result<Self, ConfigError> {
         let network_str = get_str(obj, "Network")?
             .ok_or_else(|| err("Network", "is missing (e.g. \"10.244.0.0/16\")"))?;
         let network: Ipv4Net = network_str.parse().map_err(|_| {
@@ -156,83 +292,11 @@ impl NetworkConfig {
             ));
         }
 
-        let backend = match obj.get("Backend") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(b)) => b.clone(),
-            Some(_) => {
-                return Err(err(
-                    "Backend",
-                    "must be an object like {\"Type\":\"vxlan\"}",
-                ));
-            }
-        };
-        // flannel's default backend is "udp".
-        let backend_type = get_str(&backend, "Type")
-            .map_err(|e| err("Backend.Type", e.reason))?
-            .unwrap_or("udp")
-            .to_ascii_lowercase();
-        if backend_type != "vxlan" {
-            return Err(err(
-                "Backend.Type",
-                format!("is {backend_type:?}; Weft implements flannel's \"vxlan\" backend only"),
-            ));
-        }
-        let vni = match get_u64(&backend, "VNI").map_err(|e| err("Backend.VNI", e.reason))? {
-            None | Some(0) => dataplane_common::DEFAULT_VNI,
-            Some(v) if v < (1 << 24) => v as u32,
-            Some(v) => return Err(err("Backend.VNI", format!("{v} does not fit in 24 bits"))),
-        };
-        let port = match get_u64(&backend, "Port").map_err(|e| err("Backend.Port", e.reason))? {
-            None | Some(0) => dataplane_common::DEFAULT_VXLAN_PORT,
-            Some(p) if p <= u16::MAX as u64 => p as u16,
-            Some(p) => return Err(err("Backend.Port", format!("{p} is not a UDP port"))),
-        };
-        if get_bool(&backend, "GBP").map_err(|e| err("Backend.GBP", e.reason))? == Some(true) {
-            return Err(err(
-                "Backend.GBP",
-                "VXLAN group-based policy is not supported by Weft",
-            ));
-        }
-        let mtu = match get_u64(&backend, "MTU").map_err(|e| err("Backend.MTU", e.reason))? {
-            None | Some(0) => None,
-            Some(m) if m > (dataplane_common::VXLAN_OVERHEAD + 68) as u64 && m <= 65_535 => {
-                Some(m as u32)
-            }
-            Some(m) => {
-                return Err(err(
-                    "Backend.MTU",
-                    format!(
-                        "{m} is not a usable underlay MTU (it must leave at least 68 bytes after VXLAN's {} and be at most 65535)",
-                        dataplane_common::VXLAN_OVERHEAD
-                    ),
-                ));
-            }
-        };
-        let direct_routing = get_bool(&backend, "DirectRouting")
-            .map_err(|e| err("Backend.DirectRouting", e.reason))?
-            .unwrap_or(false);
-        for (key, what) in [(
-            "Learning",
-            "Weft programs its peers from etcd; learning does not apply",
-        )] {
-            if let Some(v) = backend.get(key)
-                && !matches!(v, Value::Null | Value::Bool(false))
-            {
-                ignored.push(format!("Backend.{key}={v}: {what}"));
-            }
-        }
-
         Ok(Self {
             network,
             subnet_len,
             subnet_min,
             subnet_max,
-            backend_type,
-            vni,
-            port,
-            mtu,
-            direct_routing,
-            ignored,
         })
     }
 
@@ -248,20 +312,167 @@ impl NetworkConfig {
 
     /// The subnets that may be handed out, in order.
     pub fn subnets(&self) -> impl Iterator<Item = Ipv4Net> + '_ {
-        let size = self.subnet_size();
-        let min = u32::from(self.subnet_min) as u64;
-        (0..self.subnet_count()).map(move |i| {
-            Ipv4Net::new(Ipv4Addr::from((min + i * size) as u32), self.subnet_len)
-                .expect("subnet_len is at most 30")
+        (0..self.subnet_count()).map(move |i| self.nth(i).expect("i is below the count"))
+    }
+
+    /// The `i`th subnet that may be handed out.
+    pub fn nth(&self, i: u64) -> Option<Ipv4Net> {
+        if i >= self.subnet_count() {
+            return None;
+        }
+        let addr = u32::from(self.subnet_min) as u64 + i * self.subnet_size();
+        Some(Ipv4Net::new(Ipv4Addr::from(addr as u32), self.subnet_len).expect("at most 30"))
+    }
+
+    /// Where `subnet` is in [`Self::subnets`], if it is one of them.
+    pub fn index(&self, subnet: &Ipv4Net) -> Option<u64> {
+        self.is_assignable(subnet).then(|| {
+            (u32::from(subnet.addr()) - u32::from(self.subnet_min)) as u64 / self.subnet_size()
         })
     }
 
-    /// Whether `subnet` is one this config can hand out.
+    /// Whether `subnet` is one this pool can hand out.
     pub fn is_assignable(&self, subnet: &Ipv4Net) -> bool {
         subnet.prefix_len() == self.subnet_len
             && subnet.network() == subnet.addr()
             && u32::from(subnet.addr()) >= u32::from(self.subnet_min)
             && u32::from(subnet.addr()) <= u32::from(self.subnet_max)
+    }
+}
+
+impl Ipv6Pool {
+    fn from_object(obj: &Map<String, Value>) -> Result<Self, ConfigError> {
+        let s = get_str(obj, "IPv6Network")?.ok_or_else(|| {
+            err(
+                "IPv6Network",
+                "is missing while EnableIPv6 is true (e.g. \"fd00:10:244::/56\")",
+            )
+        })?;
+        let network: Ipv6Net = s.parse().map_err(|_| {
+            err(
+                "IPv6Network",
+                format!("{s:?} is not an IPv6 network in CIDR form (like fd00:10:244::/56)"),
+            )
+        })?;
+        if network.trunc() != network {
+            return Err(err(
+                "IPv6Network",
+                format!(
+                    "{network} has host bits set; the network address is {}",
+                    network.trunc()
+                ),
+            ));
+        }
+        let subnet_len = match get_u64(obj, "IPv6SubnetLen")? {
+            Some(0) | None => {
+                if network.prefix_len() > 124 {
+                    return Err(err(
+                        "IPv6Network",
+                        format!("{network} is too small; the smallest useful network is a /124"),
+                    ));
+                } else if network.prefix_len() <= 62 {
+                    64
+                } else {
+                    network.prefix_len() + 2
+                }
+            }
+            Some(l) => {
+                if l > 126 {
+                    return Err(err("IPv6SubnetLen", format!("{l} must be at most 126")));
+                }
+                let l = l as u8;
+                if l < network.prefix_len() + 2 {
+                    return Err(err(
+                        "IPv6SubnetLen",
+                        format!("/{l} leaves {network} room for fewer than four subnets"),
+                    ));
+                }
+                l
+            }
+        };
+        let size = 1u128 << (128 - subnet_len as u32);
+        let base = u128::from(network.network());
+        let subnet_min = match get_ip6(obj, "IPv6SubnetMin")? {
+            None => Ipv6Addr::from(base + size),
+            Some(ip) if network.contains(&ip) => ip,
+            Some(ip) => {
+                return Err(err(
+                    "IPv6SubnetMin",
+                    format!("{ip} is not inside {network}"),
+                ));
+            }
+        };
+        let subnet_max = match get_ip6(obj, "IPv6SubnetMax")? {
+            None => Ipv6Addr::from(u128::from(network.broadcast()) - size + 1),
+            Some(ip) if network.contains(&ip) => ip,
+            Some(ip) => {
+                return Err(err(
+                    "IPv6SubnetMax",
+                    format!("{ip} is not inside {network}"),
+                ));
+            }
+        };
+        for (field, ip) in [("IPv6SubnetMin", subnet_min), ("IPv6SubnetMax", subnet_max)] {
+            if u128::from(ip) % size != 0 {
+                return Err(err(
+                    field,
+                    format!("{ip} is not on a /{subnet_len} boundary"),
+                ));
+            }
+        }
+        if u128::from(subnet_min) > u128::from(subnet_max) {
+            return Err(err(
+                "IPv6SubnetMin",
+                format!("{subnet_min} is above IPv6SubnetMax {subnet_max}"),
+            ));
+        }
+        Ok(Self {
+            network,
+            subnet_len,
+            subnet_min,
+            subnet_max,
+        })
+    }
+
+    fn size(&self) -> u128 {
+        1u128 << (128 - self.subnet_len as u32)
+    }
+
+    /// How many subnets lie between IPv6SubnetMin and IPv6SubnetMax (at
+    /// most `u64::MAX`).
+    pub fn subnet_count(&self) -> u64 {
+        let n = (u128::from(self.subnet_max) - u128::from(self.subnet_min)) / self.size() + 1;
+        n.min(u64::MAX as u128) as u64
+    }
+
+    /// The subnets that may be handed out, in order.
+    pub fn subnets(&self) -> impl Iterator<Item = Ipv6Net> + '_ {
+        (0..self.subnet_count()).map(move |i| self.nth(i).expect("i is below the count"))
+    }
+
+    /// The `i`th subnet that may be handed out.
+    pub fn nth(&self, i: u64) -> Option<Ipv6Net> {
+        if i >= self.subnet_count() {
+            return None;
+        }
+        let addr = u128::from(self.subnet_min) + i as u128 * self.size();
+        Some(Ipv6Net::new(Ipv6Addr::from(addr), self.subnet_len).expect("at most 126"))
+    }
+
+    /// Where `subnet` is in [`Self::subnets`], if it is one of them.
+    pub fn index(&self, subnet: &Ipv6Net) -> Option<u64> {
+        self.is_assignable(subnet).then(|| {
+            let i = (u128::from(subnet.addr()) - u128::from(self.subnet_min)) / self.size();
+            i.min(u64::MAX as u128) as u64
+        })
+    }
+
+    /// Whether `subnet` is one this pool can hand out.
+    pub fn is_assignable(&self, subnet: &Ipv6Net) -> bool {
+        subnet.prefix_len() == self.subnet_len
+            && subnet.network() == subnet.addr()
+            && u128::from(subnet.addr()) >= u128::from(self.subnet_min)
+            && u128::from(subnet.addr()) <= u128::from(self.subnet_max)
     }
 }
 
@@ -296,6 +507,16 @@ fn get_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>,
     }
 }
 
+fn get_ip6(obj: &Map<String, Value>, key: &'static str) -> Result<Option<Ipv6Addr>, ConfigError> {
+    match get_str(obj, key)? {
+        None => Ok(None),
+        Some(s) => s
+            .parse()
+            .map(Some)
+            .map_err(|_| err(key, format!("{s:?} is not an IPv6 address"))),
+    }
+}
+
 fn get_ip(obj: &Map<String, Value>, key: &'static str) -> Result<Option<Ipv4Addr>, ConfigError> {
     match get_str(obj, key)? {
         None => Ok(None),
@@ -317,23 +538,29 @@ mod tests {
     #[test]
     fn flannel_defaults() {
         let c = parse(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap();
-        assert_eq!(c.subnet_len, 24);
+        assert!(c.ipv6.is_none(), "IPv6 is off unless enabled");
+        let c4 = c.ipv4.clone().unwrap();
+        assert_eq!(c4.subnet_len, 24);
         assert_eq!(
-            c.subnet_min,
+            c4.subnet_min,
             Ipv4Addr::new(10, 244, 1, 0),
             "the first subnet is skipped"
         );
-        assert_eq!(c.subnet_max, Ipv4Addr::new(10, 244, 255, 0));
+        assert_eq!(c4.subnet_max, Ipv4Addr::new(10, 244, 255, 0));
         assert_eq!((c.vni, c.port), (1, 8472));
-        assert_eq!(c.subnet_count(), 255);
-        let subnets: Vec<_> = c.subnets().take(2).map(|s| s.to_string()).collect();
+        assert_eq!(c4.subnet_count(), 255);
+        let subnets: Vec<_> = c4.subnets().take(2).map(|s| s.to_string()).collect();
         assert_eq!(subnets, ["10.244.1.0/24", "10.244.2.0/24"]);
-        assert_eq!(c.subnets().last().unwrap().to_string(), "10.244.255.0/24");
+        assert_eq!(c4.subnets().last().unwrap().to_string(), "10.244.255.0/24");
+        assert_eq!(c4.index(&"10.244.3.0/24".parse().unwrap()), Some(2));
+        assert_eq!(c4.nth(2).unwrap().to_string(), "10.244.3.0/24");
+        assert_eq!(c4.index(&"10.244.0.0/24".parse().unwrap()), None);
     }
 
     #[test]
     fn small_networks_get_prefix_plus_two() {
         let c = parse(r#"{"Network":"10.1.0.0/25","Backend":{"Type":"vxlan"}}"#).unwrap();
+        let c = c.ipv4.unwrap();
         assert_eq!(c.subnet_len, 27);
         assert_eq!(c.subnet_count(), 3);
         let e = parse(r#"{"Network":"10.1.0.0/29","Backend":{"Type":"vxlan"}}"#).unwrap_err();
@@ -347,8 +574,10 @@ mod tests {
                 "Backend":{"Type":"vxlan","VNI":4097,"Port":4789}}"#,
         )
         .unwrap();
-        assert_eq!((c.subnet_len, c.vni, c.port), (26, 4097, 4789));
-        assert_eq!(c.subnet_count(), 8);
+        assert_eq!((c.vni, c.port), (4097, 4789));
+        let c4 = c.ipv4.unwrap();
+        assert_eq!(c4.subnet_len, 26);
+        assert_eq!(c4.subnet_count(), 8);
 
         let cases = [
             (r#"{"Backend":{"Type":"vxlan"}}"#, "Network"),
@@ -399,6 +628,14 @@ mod tests {
             ),
             (
                 r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#,
+                "IPv6Network",
+            ),
+            (
+                r#"{"EnableIPv4":false,"Backend":{"Type":"vxlan"}}"#,
+                "EnableIPv4",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","EnableIPv6":"yes","Backend":{"Type":"vxlan"}}"#,
                 "EnableIPv6",
             ),
             (
@@ -448,5 +685,73 @@ mod tests {
             parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","DirectRouting":"yes"}}"#)
                 .unwrap_err();
         assert_eq!(e.field, "Backend.DirectRouting");
+    }
+
+    #[test]
+    fn ipv6_with_flannels_defaults_dual_stack_and_ipv6_only() {
+        let c = parse(
+            r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#,
+        )
+        .unwrap();
+        assert!(c.ipv4.is_some());
+        let v6 = c.ipv6.clone().unwrap();
+        assert_eq!(v6.subnet_len, 64);
+        assert_eq!(v6.subnet_min.to_string(), "fd00:10:244:1::", "the first is skipped");
+        assert_eq!(v6.subnet_max.to_string(), "fd00:10:244:ff::");
+        assert_eq!(v6.subnet_count(), 255);
+        assert_eq!(v6.nth(0).unwrap().to_string(), "fd00:10:244:1::/64");
+        assert_eq!(v6.index(&"fd00:10:244:3::/64".parse().unwrap()), Some(2));
+        assert!(!v6.is_assignable(&"fd00:10:244::/64".parse().unwrap()));
+        // Both halves must fit for a lease to be one this config hands out.
+        let both = super::super::key::parse_key("10.244.3.0-24&fd00:10:244:3::-64").unwrap();
+        assert!(c.is_assignable(&both));
+        let v4_only = super::super::key::parse_key("10.244.3.0-24").unwrap();
+        assert!(!c.is_assignable(&v4_only));
+
+        let only = parse(
+            r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10:244::/48","Backend":{"Type":"vxlan"}}"#,
+        )
+        .unwrap();
+        assert!(only.ipv4.is_none());
+        assert_eq!(only.ipv6.as_ref().unwrap().subnet_len, 64);
+        assert_eq!(only.ipv6.as_ref().unwrap().subnet_count(), 65_535);
+        let v6_key = super::super::key::parse_key("0.0.0.0-0&fd00:10:244:7::-64").unwrap();
+        assert!(only.is_assignable(&v6_key));
+
+        // Small networks: prefix + 2; an explicit length and range.
+        let small = parse(
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/120","Backend":{"Type":"vxlan"}}"#,
+        )
+        .unwrap();
+        assert_eq!(small.ipv6.unwrap().subnet_len, 122);
+        let ranged = parse(
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/56","IPv6SubnetLen":60,"IPv6SubnetMin":"fd00:0:0:20::","IPv6SubnetMax":"fd00:0:0:40::","Backend":{"Type":"vxlan"}}"#,
+        )
+        .unwrap()
+        .ipv6
+        .unwrap();
+        assert_eq!((ranged.subnet_len, ranged.subnet_count()), (60, 3));
+
+        let cases = [
+            (r#""IPv6Network":"fd00::1/56""#, "IPv6Network"),
+            (r#""IPv6Network":"10.0.0.0/8""#, "IPv6Network"),
+            (r#""IPv6Network":"fd00::/125""#, "IPv6Network"),
+            (r#""IPv6Network":"fd00::/56","IPv6SubnetLen":127"#, "IPv6SubnetLen"),
+            (r#""IPv6Network":"fd00::/56","IPv6SubnetLen":57"#, "IPv6SubnetLen"),
+            (r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd01::""#, "IPv6SubnetMin"),
+            (r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd00::1""#, "IPv6SubnetMin"),
+            (r#""IPv6Network":"fd00::/56","IPv6SubnetMax":"10.0.0.1""#, "IPv6SubnetMax"),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd00:0:0:9::","IPv6SubnetMax":"fd00:0:0:3::""#,
+                "IPv6SubnetMin",
+            ),
+        ];
+        for (fields, field) in cases {
+            let json = format!(
+                r#"{{"Network":"10.5.0.0/16","EnableIPv6":true,{fields},"Backend":{{"Type":"vxlan"}}}}"#
+            );
+            let e = parse(&json).unwrap_err();
+            assert_eq!(e.field, field, "{json}: {e}");
+        }
     }
 }

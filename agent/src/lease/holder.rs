@@ -4,7 +4,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-use ipnet::Ipv4Net;
 use rand::SeedableRng as _;
 use tokio::{
     sync::mpsc,
@@ -17,6 +16,7 @@ use super::{
     attrs::LeaseAttrs,
     config::NetworkConfig,
     etcd::EtcdStore,
+    key::Subnets,
     keeper::{self, KeeperConfig},
     store::Store as _,
 };
@@ -81,7 +81,7 @@ impl LeaseHolder {
 
     /// Acquires a subnet (`preferred` if it is free), retrying forever with
     /// a log line saying why, then keeps it alive.
-    pub(crate) async fn acquire(&mut self, preferred: Option<Ipv4Net>) -> HeldLease {
+    pub(crate) async fn acquire(&mut self, preferred: Option<Subnets>) -> HeldLease {
         let held = self.acquire_until_held(preferred).await;
         let expires = if held.is_reservation() {
             0
@@ -119,7 +119,7 @@ impl LeaseHolder {
 
     /// Our lease is gone (`why`): stop claiming it. Returns the subnet we
     /// held, to try first when acquiring again.
-    pub(crate) fn lose(&mut self, why: &str) -> Option<Ipv4Net> {
+    pub(crate) fn lose(&mut self, why: &str) -> Option<Subnets> {
         if let Some(k) = self.keeper.take() {
             k.abort();
         }
@@ -135,7 +135,7 @@ impl LeaseHolder {
         Some(old.subnet)
     }
 
-    async fn acquire_until_held(&mut self, preferred: Option<Ipv4Net>) -> HeldLease {
+    async fn acquire_until_held(&mut self, preferred: Option<Subnets>) -> HeldLease {
         let mut failures = 0u32;
         let started = Instant::now();
         let ttl = self.timing.ttl;
@@ -221,8 +221,10 @@ pub(crate) async fn wait_for_config(
             Ok(Some(kv)) => match NetworkConfig::parse(&kv.value) {
                 Ok(c) => {
                     tracing::info!(
-                        network = %c.network,
-                        subnet_len = c.subnet_len,
+                        network = ?c.network(),
+                        subnet_len = ?c.ipv4.as_ref().map(|p| p.subnet_len),
+                        ipv6_network = ?c.ipv6_network(),
+                        ipv6_subnet_len = ?c.ipv6.as_ref().map(|p| p.subnet_len),
                         vni = c.vni,
                         port = c.port,
                         backend_mtu = ?c.mtu,

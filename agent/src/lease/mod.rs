@@ -37,9 +37,9 @@ mod view;
 mod watch;
 
 pub use attrs::{AttrsError, LeaseAttrs, VxlanData};
-pub use config::{ConfigError, NetworkConfig};
-pub use key::{KeyError, SubnetKey, parse_key, to_key};
-pub use subnet_file::{SubnetEnv, SubnetEnvError, first_host, parse_subnet_env};
+pub use config::{ConfigError, Ipv4Pool, Ipv6Pool, NetworkConfig};
+pub use key::{KeyError, Subnets, parse_key, to_key};
+pub use subnet_file::{EnvFamily, SubnetEnv, SubnetEnvError, first_host, first_host6, parse_subnet_env};
 
 #[cfg(feature = "agent")]
 pub use acquire::{AcquireError, AcquireRequest, AcquireStats, HeldLease, Identity, acquire};

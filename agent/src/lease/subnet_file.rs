@@ -7,41 +7,74 @@
 //! FLANNEL_IPMASQ=false
 //! ```
 //!
-//! The subnet read back from it is only ever a preference (see `acquire.rs`).
+//! with IPv6, `FLANNEL_IPV6_NETWORK` and `FLANNEL_IPV6_SUBNET` after the
+//! IPv4 lines (and no IPv4 lines on an IPv6-only network), as flannel
+//! writes them.
+//!
+//! The subnets read back from it are only ever a preference (see
+//! `acquire.rs`).
 
 use std::{
     io::Write as _,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
 };
 
 use anyhow::{Context as _, Result};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
+
+use super::key::Subnets;
 
 /// Default location, flannel's.
 #[cfg(feature = "agent")]
 pub(crate) const DEFAULT_PATH: &str = "/run/flannel/subnet.env";
 
+/// The IPv4 or IPv6 half of a subnet.env: the cluster network and this
+/// node's subnet in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EnvFamily<N> {
+    pub network: N,
+    pub subnet: N,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubnetEnv {
-    pub network: Ipv4Net,
-    pub subnet: Ipv4Net,
+    pub ipv4: Option<EnvFamily<Ipv4Net>>,
+    pub ipv6: Option<EnvFamily<Ipv6Net>>,
     pub mtu: u32,
     pub ipmasq: bool,
 }
 
 impl SubnetEnv {
     pub fn render(&self) -> String {
-        format!(
-            "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}/{}\nFLANNEL_MTU={}\nFLANNEL_IPMASQ={}\n",
-            self.network,
-            first_host(&self.subnet),
-            self.subnet.prefix_len(),
-            self.mtu,
-            self.ipmasq
-        )
+        let mut out = String::new();
+        if let Some(f) = &self.ipv4 {
+            out += &format!(
+                "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}/{}\n",
+                f.network,
+                first_host(&f.subnet),
+                f.subnet.prefix_len()
+            );
+        }
+        if let Some(f) = &self.ipv6 {
+            out += &format!(
+                "FLANNEL_IPV6_NETWORK={}\nFLANNEL_IPV6_SUBNET={}/{}\n",
+                f.network,
+                first_host6(&f.subnet),
+                f.subnet.prefix_len()
+            );
+        }
+        out + &format!("FLANNEL_MTU={}\nFLANNEL_IPMASQ={}\n", self.mtu, self.ipmasq)
+    }
+
+    /// The node's subnets.
+    pub fn subnets(&self) -> Subnets {
+        Subnets {
+            v4: self.ipv4.map(|f| f.subnet),
+            v6: self.ipv6.map(|f| f.subnet),
+        }
     }
 
     /// Writes the file atomically (temp file in the same directory, fsync,
@@ -72,10 +105,15 @@ pub fn first_host(subnet: &Ipv4Net) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(subnet.network()).wrapping_add(1))
 }
 
+/// [`first_host`] for an IPv6 subnet (FLANNEL_IPV6_SUBNET's form).
+pub fn first_host6(subnet: &Ipv6Net) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(subnet.network()).wrapping_add(1))
+}
+
 /// Why a subnet.env cannot be read back.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SubnetEnvError {
-    #[error("no FLANNEL_SUBNET line")]
+    #[error("no FLANNEL_SUBNET or FLANNEL_IPV6_SUBNET line")]
     Missing,
     #[error("no {0} line")]
     MissingKey(&'static str),
@@ -91,43 +129,80 @@ impl SubnetEnv {
                 .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
                 .map(str::trim)
         };
-        let subnet = parse_subnet_env(text)?;
-        let network =
-            value("FLANNEL_NETWORK").ok_or(SubnetEnvError::MissingKey("FLANNEL_NETWORK"))?;
-        let network: Ipv4Net = network
-            .parse()
-            .map_err(|_| SubnetEnvError::Malformed(format!("FLANNEL_NETWORK={network}")))?;
+        let subnets = parse_subnet_env(text)?;
+        let ipv4 = match subnets.v4 {
+            None => None,
+            Some(subnet) => {
+                let network = value("FLANNEL_NETWORK")
+                    .ok_or(SubnetEnvError::MissingKey("FLANNEL_NETWORK"))?;
+                let network: Ipv4Net = network.parse().map_err(|_| {
+                    SubnetEnvError::Malformed(format!("FLANNEL_NETWORK={network}"))
+                })?;
+                Some(EnvFamily { network, subnet })
+            }
+        };
+        let ipv6 = match subnets.v6 {
+            None => None,
+            Some(subnet) => {
+                let network = value("FLANNEL_IPV6_NETWORK")
+                    .ok_or(SubnetEnvError::MissingKey("FLANNEL_IPV6_NETWORK"))?;
+                let network: Ipv6Net = network.parse().map_err(|_| {
+                    SubnetEnvError::Malformed(format!("FLANNEL_IPV6_NETWORK={network}"))
+                })?;
+                Some(EnvFamily { network, subnet })
+            }
+        };
         let mtu = value("FLANNEL_MTU").ok_or(SubnetEnvError::MissingKey("FLANNEL_MTU"))?;
         let mtu: u32 = mtu
             .parse()
             .map_err(|_| SubnetEnvError::Malformed(format!("FLANNEL_MTU={mtu}")))?;
         let ipmasq = value("FLANNEL_IPMASQ") == Some("true");
         Ok(Self {
-            network,
-            subnet,
+            ipv4,
+            ipv6,
             mtu,
             ipmasq,
         })
     }
 }
 
-/// The subnet named by FLANNEL_SUBNET in the text of a subnet.env.
-pub fn parse_subnet_env(text: &str) -> Result<Ipv4Net, SubnetEnvError> {
-    let v = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("FLANNEL_SUBNET="))
-        .ok_or(SubnetEnvError::Missing)?;
-    let bad = || SubnetEnvError::Malformed(format!("FLANNEL_SUBNET={v}"));
-    let (ip, len) = v.split_once('/').ok_or_else(bad)?;
-    let ip: Ipv4Addr = ip.parse().map_err(|_| bad())?;
-    let len: u8 = len.parse().map_err(|_| bad())?;
-    Ok(Ipv4Net::new(ip, len).map_err(|_| bad())?.trunc())
+/// The subnets named by FLANNEL_SUBNET and FLANNEL_IPV6_SUBNET in the text
+/// of a subnet.env (at least one).
+pub fn parse_subnet_env(text: &str) -> Result<Subnets, SubnetEnvError> {
+    let line = |key: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
+    };
+    let v4 = match line("FLANNEL_SUBNET") {
+        None => None,
+        Some(v) => {
+            let bad = || SubnetEnvError::Malformed(format!("FLANNEL_SUBNET={v}"));
+            let (ip, len) = v.split_once('/').ok_or_else(bad)?;
+            let ip: Ipv4Addr = ip.parse().map_err(|_| bad())?;
+            let len: u8 = len.parse().map_err(|_| bad())?;
+            Some(Ipv4Net::new(ip, len).map_err(|_| bad())?.trunc())
+        }
+    };
+    let v6 = match line("FLANNEL_IPV6_SUBNET") {
+        None => None,
+        Some(v) => {
+            let bad = || SubnetEnvError::Malformed(format!("FLANNEL_IPV6_SUBNET={v}"));
+            let (ip, len) = v.split_once('/').ok_or_else(bad)?;
+            let ip: Ipv6Addr = ip.parse().map_err(|_| bad())?;
+            let len: u8 = len.parse().map_err(|_| bad())?;
+            Some(Ipv6Net::new(ip, len).map_err(|_| bad())?.trunc())
+        }
+    };
+    if v4.is_none() && v6.is_none() {
+        return Err(SubnetEnvError::Missing);
+    }
+    Ok(Subnets { v4, v6 })
 }
 
-/// The subnet named by FLANNEL_SUBNET in an existing file: None when there
-/// is no file; an error when the file cannot be read or makes no sense.
+/// The subnets named in an existing file: None when there is no file; an
+/// error when the file cannot be read or makes no sense.
 #[cfg(feature = "agent")]
-pub(crate) fn read_subnet(path: &Path) -> Result<Option<Ipv4Net>> {
+pub(crate) fn read_subnet(path: &Path) -> Result<Option<Subnets>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -145,8 +220,11 @@ mod tests {
     #[test]
     fn renders_like_flannel_and_reads_back() {
         let env = SubnetEnv {
-            network: "10.244.0.0/16".parse().unwrap(),
-            subnet: "10.244.34.0/24".parse().unwrap(),
+            ipv4: Some(EnvFamily {
+                network: "10.244.0.0/16".parse().unwrap(),
+                subnet: "10.244.34.0/24".parse().unwrap(),
+            }),
+            ipv6: None,
             mtu: 1450,
             ipmasq: false,
         };
@@ -159,10 +237,55 @@ mod tests {
         env.write(&path).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o644);
-        assert_eq!(read_subnet(&path).unwrap(), Some(env.subnet));
+        assert_eq!(read_subnet(&path).unwrap(), Some(env.subnets()));
         assert_eq!(read_subnet(&dir.join("absent")).unwrap(), None);
         std::fs::write(&path, "FLANNEL_SUBNET=banana\n").unwrap();
         assert!(read_subnet(&path).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn dual_stack_and_ipv6_only_as_flannel_writes_them() {
+        let v6 = EnvFamily {
+            network: "fd00:10:244::/56".parse().unwrap(),
+            subnet: "fd00:10:244:22::/64".parse().unwrap(),
+        };
+        let dual = SubnetEnv {
+            ipv4: Some(EnvFamily {
+                network: "10.244.0.0/16".parse().unwrap(),
+                subnet: "10.244.34.0/24".parse().unwrap(),
+            }),
+            ipv6: Some(v6),
+            mtu: 1430,
+            ipmasq: true,
+        };
+        assert_eq!(
+            dual.render(),
+            "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.34.1/24\nFLANNEL_IPV6_NETWORK=fd00:10:244::/56\nFLANNEL_IPV6_SUBNET=fd00:10:244:22::1/64\nFLANNEL_MTU=1430\nFLANNEL_IPMASQ=true\n"
+        );
+        assert_eq!(SubnetEnv::parse(&dual.render()).unwrap(), dual);
+        let only = SubnetEnv {
+            ipv4: None,
+            ipv6: Some(v6),
+            mtu: 1430,
+            ipmasq: false,
+        };
+        assert_eq!(
+            only.render(),
+            "FLANNEL_IPV6_NETWORK=fd00:10:244::/56\nFLANNEL_IPV6_SUBNET=fd00:10:244:22::1/64\nFLANNEL_MTU=1430\nFLANNEL_IPMASQ=false\n"
+        );
+        assert_eq!(SubnetEnv::parse(&only.render()).unwrap(), only);
+        assert_eq!(only.subnets().v4, None);
+        for bad in [
+            "FLANNEL_IPV6_SUBNET=fd00::1\nFLANNEL_MTU=1450\n",
+            "FLANNEL_IPV6_SUBNET=10.0.0.1/24\n",
+            "FLANNEL_MTU=1450\n",
+        ] {
+            assert!(parse_subnet_env(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            SubnetEnv::parse("FLANNEL_IPV6_SUBNET=fd00::1/64\nFLANNEL_MTU=1450\n"),
+            Err(SubnetEnvError::MissingKey("FLANNEL_IPV6_NETWORK"))
+        );
     }
 }

@@ -9,22 +9,22 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    net::Ipv4Addr,
+    net::IpAddr,
     sync::Arc,
 };
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use super::{
     acquire::{HeldLease, Identity},
     config::NetworkConfig,
+    key::Subnets,
     validate::{Rejection, check},
     watch::{Lease, LeaseEvent},
 };
 use crate::{
     dataplane::{Peer, PeerUpdate},
     metrics::Metrics,
-    net::overlaps,
 };
 
 /// What a batch of lease events means for this node.
@@ -44,7 +44,7 @@ pub(crate) struct LeaseView {
     held: Option<HeldLease>,
     leases: HashMap<String, Lease>,
     /// The peers the dataplane was told about.
-    peers: HashMap<Ipv4Net, Peer>,
+    peers: HashMap<IpNet, Peer>,
     /// Leases rejected, with the revision the rejection was logged at.
     rejected: HashMap<String, (Rejection, i64)>,
     metrics: Arc<Metrics>,
@@ -81,7 +81,7 @@ impl LeaseView {
             lease.key == h.key
                 && lease.create_revision == h.create_revision
                 && lease.lease_id == h.lease_id
-                && lease.attrs.names(&self.me.node_id, self.me.public_ip)
+                && lease.attrs.names(&self.me.node_id, self.me.addr())
         })
     }
 
@@ -102,7 +102,7 @@ impl LeaseView {
                     if self.is_own_key(&l.key) && !self.is_ours(&l) {
                         out.lost = Some(format!(
                             "our key {} now belongs to {} (node {:?}, lease {:x})",
-                            l.key, l.attrs.public_ip, l.attrs.node_id, l.lease_id
+                            l.key, l.attrs.node_addr(), l.attrs.node_id, l.lease_id
                         ));
                     }
                     self.leases.insert(l.key.clone(), l);
@@ -187,34 +187,42 @@ impl LeaseView {
 
 /// The verdict on a set of leases.
 pub(crate) struct Decision {
-    pub(crate) accepted: HashMap<Ipv4Net, Peer>,
+    pub(crate) accepted: HashMap<IpNet, Peer>,
     /// Rejected leases by key, with the lease's mod revision.
     pub(crate) rejected: HashMap<String, (Rejection, i64)>,
 }
 
+/// Whether a peer's subnet overlaps one of ours (of its family).
+fn overlaps_own(own: &Subnets, p: &Peer) -> bool {
+    match p.subnet {
+        IpNet::V4(s) => own.v4.is_some_and(|o| o.contains(&s) || s.contains(&o)),
+        IpNet::V6(s) => own.v6.is_some_and(|o| o.contains(&s) || s.contains(&o)),
+    }
+}
+
 /// Decides which leases are peers. `me` (when known) and `own` are this
-/// node and its subnet; `is_ours` picks out our own key. Leases naming our
+/// node and its subnets; `is_ours` picks out our own key. Leases naming our
 /// node id and address are leftovers of ours: neither peers nor rejected.
-/// Of two overlapping leases, and of two leases of different nodes with one
-/// PublicIP, the older (lower create revision, then key) wins, so every
-/// node decides the same way. (Two leases of one node, or two flannel
-/// leases, may share a PublicIP: a node that moved to another subnet keeps
-/// its old lease until it expires.)
+/// A lease is decided as a whole (both halves of a dual-stack lease, or
+/// neither). Of two overlapping leases, and of two leases of different
+/// nodes with one PublicIP (or PublicIPv6), the older (lower create
+/// revision, then key) wins, so every node decides the same way. (Two
+/// leases of one node, or two flannel leases, may share a PublicIP: a node
+/// that moved to another subnet keeps its old lease until it expires.)
 pub(crate) fn decide<'a>(
     leases: impl Iterator<Item = &'a Lease>,
     config: &NetworkConfig,
     me: Option<&Identity>,
-    own: Option<Ipv4Net>,
+    own: Option<Subnets>,
     is_ours: impl Fn(&Lease) -> bool,
 ) -> Decision {
-    let our_ip: Option<Ipv4Addr> = me.map(|m| m.public_ip);
     let mut rejected = HashMap::new();
-    let mut candidates: Vec<(&Lease, Peer)> = Vec::new();
+    let mut candidates: Vec<(&Lease, Vec<Peer>)> = Vec::new();
     for l in leases {
-        if is_ours(l) || me.is_some_and(|m| l.attrs.names(&m.node_id, m.public_ip)) {
+        if is_ours(l) || me.is_some_and(|m| l.attrs.names(&m.node_id, m.addr())) {
             continue;
         }
-        match check(&l.subnet, &l.attrs, config, our_ip) {
+        match check(&l.subnet, &l.attrs, config, me) {
             Ok(p) => candidates.push((l, p)),
             Err(r) => {
                 rejected.insert(l.key.clone(), (r, l.mod_revision));
@@ -225,29 +233,34 @@ pub(crate) fn decide<'a>(
         .sort_by(|(a, _), (b, _)| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
     // Accepted subnets all have the configured length and are aligned, so
     // two overlap only when they are equal.
-    let mut accepted: HashMap<Ipv4Net, Peer> = HashMap::new();
-    let mut winners: HashMap<Ipv4Net, &str> = HashMap::new();
-    let mut vteps: HashMap<Ipv4Addr, (&Option<String>, &str)> = HashMap::new();
-    for (l, p) in candidates {
-        let vtep_owner = vteps.get(&p.vtep);
-        if own.is_some_and(|o| overlaps(&o, &p.subnet)) {
-            rejected.insert(l.key.clone(), (Rejection::OverlapsOwn, l.mod_revision));
-        } else if let Some(k) = winners.get(&p.subnet) {
-            rejected.insert(
-                l.key.clone(),
-                (Rejection::OverlapsPeer(k.to_string()), l.mod_revision),
-            );
-        } else if let Some((node, k)) = vtep_owner
-            && **node != l.attrs.node_id
-        {
-            rejected.insert(
-                l.key.clone(),
-                (Rejection::PublicIpTaken(k.to_string()), l.mod_revision),
-            );
-        } else {
-            winners.insert(p.subnet, &l.key);
-            vteps.entry(p.vtep).or_insert((&l.attrs.node_id, &l.key));
-            accepted.insert(p.subnet, p);
+    let mut accepted: HashMap<IpNet, Peer> = HashMap::new();
+    let mut winners: HashMap<IpNet, &str> = HashMap::new();
+    let mut vteps: HashMap<IpAddr, (&Option<String>, &str)> = HashMap::new();
+    for (l, peers) in candidates {
+        let verdict = peers.iter().find_map(|p| {
+            if own.is_some_and(|o| overlaps_own(&o, p)) {
+                Some(Rejection::OverlapsOwn)
+            } else if let Some(k) = winners.get(&p.subnet) {
+                Some(Rejection::OverlapsPeer(k.to_string()))
+            } else if let Some((node, k)) = vteps.get(&p.vtep)
+                && **node != l.attrs.node_id
+            {
+                Some(Rejection::PublicIpTaken(k.to_string()))
+            } else {
+                None
+            }
+        });
+        match verdict {
+            Some(r) => {
+                rejected.insert(l.key.clone(), (r, l.mod_revision));
+            }
+            None => {
+                for p in peers {
+                    winners.insert(p.subnet, &l.key);
+                    vteps.entry(p.vtep).or_insert((&l.attrs.node_id, &l.key));
+                    accepted.insert(p.subnet, p);
+                }
+            }
         }
     }
     Decision { accepted, rejected }
@@ -257,6 +270,8 @@ pub(crate) fn decide<'a>(
 mod tests {
     use super::*;
     use crate::{lease::attrs::LeaseAttrs, mac::MacAddr};
+    use ipnet::Ipv4Net;
+    use std::net::Ipv4Addr;
 
     fn cfg() -> NetworkConfig {
         NetworkConfig::parse(br#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap()
@@ -266,6 +281,7 @@ mod tests {
         Identity {
             node_id: "me".into(),
             public_ip: Ipv4Addr::new(198, 18, 0, 1),
+            public_ipv6: None,
         }
     }
 
@@ -273,7 +289,7 @@ mod tests {
         let subnet: Ipv4Net = subnet.parse().unwrap();
         Lease {
             key: format!("/p/subnets/{}", crate::lease::key::to_key(&subnet)),
-            subnet,
+            subnet: Subnets::v4(subnet),
             attrs: LeaseAttrs::vxlan(Ipv4Addr::from(ip), 1, MacAddr([2, 0, 0, 0, 0, ip[3]]), node),
             lease_id: 100 + rev,
             create_revision: rev,
@@ -309,7 +325,7 @@ mod tests {
         ]);
         assert_eq!(o.lost, None);
         assert_eq!(o.synced, Some(4));
-        assert!(matches!(o.updates.as_slice(), [PeerUpdate::Upsert(p)] if p.subnet == peer.subnet));
+        assert!(matches!(o.updates.as_slice(), [PeerUpdate::Upsert(p)] if Some(p.subnet) == peer.subnet.v4.map(IpNet::V4)));
 
         // Node b takes our key after our lease expired.
         let mut taken = lease("10.5.1.0/24", [198, 18, 0, 2], "b", 9);
@@ -327,7 +343,7 @@ mod tests {
         let mine2 = lease("10.5.3.0/24", [198, 18, 0, 1], "me", 10);
         let u = v.set_held(&held(&mine2));
         assert!(
-            matches!(u.as_slice(), [PeerUpdate::Upsert(p)] if p.subnet == taken.subnet && p.vtep == taken.attrs.public_ip),
+            matches!(u.as_slice(), [PeerUpdate::Upsert(p)] if Some(p.subnet) == taken.subnet.v4.map(IpNet::V4) && p.vtep == taken.attrs.public_ip),
             "{u:?}"
         );
     }
@@ -392,7 +408,7 @@ mod tests {
             lease("10.5.3.0/24", [127, 0, 0, 1], "x", 3),
         ];
         let mut lo = lease("10.5.4.0/24", [198, 18, 0, 9], "x", 4);
-        lo.subnet = "127.0.0.0/8".parse().unwrap();
+        lo.subnet = Subnets::v4("127.0.0.0/8".parse().unwrap());
         lo.key = "/p/subnets/127.0.0.0-8".into();
         hostile.push(lo);
         let honest = lease("10.5.5.0/24", [198, 18, 0, 5], "e", 5);
@@ -401,11 +417,11 @@ mod tests {
         let o = v.apply(evs);
         assert_eq!(
             o.updates,
-            vec![PeerUpdate::Upsert(Peer {
-                subnet: honest.subnet,
-                vtep: honest.attrs.public_ip,
-                mac: MacAddr([2, 0, 0, 0, 0, 5]),
-            })]
+            vec![PeerUpdate::Upsert(Peer::v4(
+                honest.subnet.v4.unwrap(),
+                honest.attrs.public_ip,
+                MacAddr([2, 0, 0, 0, 0, 5]),
+            ))]
         );
         assert_eq!(v.rejected.len(), 3);
         let names: std::collections::BTreeSet<_> =

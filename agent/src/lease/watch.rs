@@ -21,12 +21,11 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use etcd_client::{EventType, WatchOptions};
 use tokio::sync::{Notify, mpsc};
 
-use ipnet::Ipv4Net;
 
 use super::{
     attrs::LeaseAttrs,
     etcd::{EtcdStore, store_error, to_kv},
-    key::parse_key,
+    key::{Subnets, parse_key},
     store::{KeyValue, Listing},
 };
 use crate::{backoff::Backoff, metrics::Metrics};
@@ -34,7 +33,7 @@ use crate::{backoff::Backoff, metrics::Metrics};
 /// A lease as seen in etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
-    pub subnet: Ipv4Net,
+    pub subnet: Subnets,
     pub key: String,
     pub attrs: LeaseAttrs,
     /// The etcd lease attached; 0 for a reservation.
@@ -110,7 +109,7 @@ impl LeaseCache {
             .key
             .strip_prefix(&self.prefix)
             .ok_or_else(|| "key outside the subnets prefix".to_string())?;
-        let subnet = parse_key(suffix).map_err(|e| e.to_string())?.v4;
+        let subnet = parse_key(suffix).map_err(|e| e.to_string())?;
         if kv.value.len() > super::etcd::MAX_VALUE_BYTES {
             return Err(format!(
                 "a value of {} bytes (a lease is a few hundred; at most {} are read)",

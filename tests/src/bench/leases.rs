@@ -57,11 +57,9 @@ async fn measure(args: &[String], endpoints: Vec<String>, what: &str) -> Result<
     let n: usize = super::flag(args, "--agents").unwrap_or(200);
     let config_json = r#"{"Network":"10.0.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
     let config = NetworkConfig::parse(config_json.as_bytes())?;
-    if config.subnet_count() < n as u64 {
-        bail!(
-            "{n} agents need more than {} subnets",
-            config.subnet_count()
-        );
+    let count = config.ipv4.as_ref().map_or(0, |p| p.subnet_count());
+    if count < n as u64 {
+        bail!("{n} agents need more than {count} subnets");
     }
     let mut c = etcd_client::Client::connect(&endpoints, None).await?;
     c.put("/coreos.com/network/config", config_json, None)
@@ -85,6 +83,7 @@ async fn measure(args: &[String], endpoints: Vec<String>, what: &str) -> Result<
             let me = Identity {
                 node_id: format!("bench-{i}"),
                 public_ip: Ipv4Addr::from(0xc612_0000u32 + i as u32 + 1),
+                public_ipv6: None,
             };
             let value = LeaseAttrs::vxlan(
                 me.public_ip,

@@ -1,0 +1,201 @@
+//! VXLAN over IPv6, between IPv6 VTEPs (flannel's `flannel-v6.<VNI>`).
+//!
+//! Over IPv6 the outer UDP checksum is mandatory (the kernel's vxlan
+//! device drops zero checksums unless told otherwise), and for a GSO packet
+//! every segment needs its own. `bpf_skb_adjust_room` can only mark an skb
+//! as a UDP tunnel without checksums, so the segments of a packet
+//! encapsulated here would all carry one stale checksum. Instead the
+//! programs decide everything (the peer, its VTEP, the VNI, the inner MAC
+//! addresses, the hop through this node) and set it as the skb's tunnel
+//! metadata; the IPv6 overlay device, the kernel's vxlan driver in
+//! collect-metadata mode, writes the outer headers from it, checksummed,
+//! and marks GSO packets so every segment gets its checksum.
+//!
+//! - `encap6` runs at the overlay device's TC egress, for what the host
+//!   stack routed there (the legacy path, the node's own traffic); a packet
+//!   host routing already set up passes through untouched.
+//! - `tunnel_rx` runs at its TC ingress, for what the kernel decapsulated
+//!   itself: IPv6 fragments of VXLAN, which the uplink's programs pass for
+//!   the kernel to reassemble. They get the same checks.
+
+use aya_ebpf::{
+    bindings::{BPF_F_TUNINFO_IPV6, TC_ACT_OK, bpf_tunnel_key},
+    helpers::generated::{bpf_skb_change_type, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
+    maps::lpm_trie::Key,
+    programs::TcContext,
+};
+use dataplane_common::{DataplaneConfig, Reason, Vtep6};
+
+use crate::{
+    decap::{check_source4, check_source6},
+    headers::{ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
+    maps::WEFT_PEERS6,
+    packet::{linear, read, write},
+    verdict::{Done, Dropped},
+};
+
+/// The outer hop limit, as the kernel's vxlan device sets it by default.
+const OUTER_TTL: u8 = 64;
+
+/// `PACKET_HOST`.
+const PACKET_HOST: u32 = 0;
+
+/// An all-zero tunnel key.
+#[inline(always)]
+fn empty_key() -> bpf_tunnel_key {
+    // SAFETY: bpf_tunnel_key is plain data; all zeroes is a valid value.
+    unsafe { core::mem::zeroed() }
+}
+
+/// Whether the skb already carries a tunnel key (host routing set it).
+#[inline(always)]
+pub(crate) fn has_tunnel_key(ctx: &TcContext) -> bool {
+    tunnel_key(ctx).is_some()
+}
+
+/// The skb's tunnel key (IPv6 first, then IPv4), if it carries one.
+#[inline(always)]
+fn tunnel_key(ctx: &TcContext) -> Option<(bpf_tunnel_key, bool)> {
+    let mut key = empty_key();
+    let size = core::mem::size_of::<bpf_tunnel_key>() as u32;
+    // SAFETY: the helper writes at most `size` bytes into `key`, on this
+    // stack frame.
+    let r = unsafe {
+        bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size, BPF_F_TUNINFO_IPV6 as u64)
+    };
+    if r == 0 {
+        return Some((key, true));
+    }
+    // SAFETY: as above.
+    let r = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size, 0) };
+    (r == 0).then_some((key, false))
+}
+
+/// Sets the tunnel key for `vtep`: the kernel's vxlan device encapsulates
+/// from it (outer IPv6 from our address to the VTEP's, the VNI, hop limit
+/// 64, the UDP checksum on).
+#[inline(always)]
+pub(crate) fn set_tunnel(ctx: &TcContext, cfg: &DataplaneConfig, vtep: &Vtep6) -> Result<(), ()> {
+    let mut key = empty_key();
+    key.tunnel_id = cfg.vni;
+    key.tunnel_ttl = OUTER_TTL;
+    key.__bindgen_anon_1.remote_ipv6 = words(&vtep.addr);
+    key.__bindgen_anon_3.local_ipv6 = words(&cfg.local_addr6);
+    // SAFETY: the helper reads `size` bytes of `key`, on this stack frame.
+    let r = unsafe {
+        bpf_skb_set_tunnel_key(
+            ctx.skb.skb,
+            &mut key,
+            core::mem::size_of::<bpf_tunnel_key>() as u32,
+            BPF_F_TUNINFO_IPV6 as u64,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(()) }
+}
+
+/// An IPv6 address as the tunnel key holds it (its bytes, as four words).
+#[inline(always)]
+fn words(a: &[u8; 16]) -> [u32; 4] {
+    let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+    [w(0), w(4), w(8), w(12)]
+}
+
+/// The inverse of [`words`].
+#[inline(always)]
+fn bytes(w: &[u32; 4]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let mut i = 0;
+    while i < 4 {
+        let b = w[i].to_ne_bytes();
+        out[i * 4] = b[0];
+        out[i * 4 + 1] = b[1];
+        out[i * 4 + 2] = b[2];
+        out[i * 4 + 3] = b[3];
+        i += 1;
+    }
+    out
+}
+
+/// The inner frame's MACs: to the peer's VTEP MAC (a flannel node's vxlan
+/// device drops frames for any other), from ours.
+#[inline(always)]
+pub(crate) fn set_inner_macs(data: usize, end: usize, cfg: &DataplaneConfig, vtep: &Vtep6) -> bool {
+    write(data, end, 0, vtep.mac) && write(data, end, 6, cfg.vtep6_mac)
+}
+
+/// Whether a `len`-byte frame to a remote IPv6 pod cannot go through the
+/// overlay as it is: not GSO and over the overlay MTU, or so large that
+/// the outer payload length would not fit in 16 bits.
+#[inline(always)]
+pub(crate) fn too_big6(ctx: &TcContext, cfg: &DataplaneConfig, len: u32) -> bool {
+    // SAFETY: reading a field of the context's own sk_buff.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    let inner = len - ETH_LEN as u32;
+    let outer_payload = inner + ENCAP6_LEN as u32 - IPV6_LEN as u32;
+    outer_payload > u16::MAX as u32 || gso_size == 0 && inner > cfg.overlay6_mtu
+}
+
+/// Encapsulation over IPv6, at the IPv6 overlay device's egress.
+#[inline(always)]
+pub(crate) fn encap6(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dropped> {
+    let len = ctx.len();
+    let (data, end) = linear(ctx, ETH_LEN + IPV6_LEN)?;
+    let eth = read::<EthHdr>(data, end, 0).ok_or(Reason::DropMalformed)?;
+    if eth.proto != ETH_P_IPV6.to_be() {
+        // Only IPv6 is routed here; without a key the device drops it.
+        return Err(Reason::DropNoRoute.into());
+    }
+    let ip = read::<Ipv6Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
+    let drop = |r: Reason| Dropped::at6(r, ip.saddr, ip.daddr);
+    let vtep = *WEFT_PEERS6
+        .get(Key::new(128, ip.daddr))
+        .ok_or(drop(Reason::DropNoRoute))?;
+    if !set_inner_macs(data, end, cfg, &vtep) {
+        return Err(drop(Reason::DropError));
+    }
+    set_tunnel(ctx, cfg, &vtep).map_err(|()| drop(Reason::DropError))?;
+    Ok(Done {
+        action: TC_ACT_OK,
+        reason: Reason::Encapsulated,
+        bytes: len + ENCAP6_LEN as u32,
+    })
+}
+
+/// What the kernel decapsulated, at the IPv6 overlay device's ingress: our
+/// VNI, from a known VTEP, an inner source of that VTEP's subnet (or the
+/// VTEP itself), as the uplink's programs check.
+#[inline(always)]
+pub(crate) fn tunnel_rx(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dropped> {
+    let len = ctx.len();
+    let Some((key, v6)) = tunnel_key(ctx) else {
+        return Err(Reason::DropMalformed.into());
+    };
+    if key.tunnel_id != cfg.vni {
+        return Err(Reason::DropWrongVni.into());
+    }
+    let (data, end) = linear(ctx, ETH_LEN + IPV6_LEN)?;
+    let eth = read::<EthHdr>(data, end, 0).ok_or(Reason::DropMalformed)?;
+    // SAFETY: reading the union member the helper filled (IPv6 when `v6`).
+    let remote = unsafe { key.__bindgen_anon_1.remote_ipv6 };
+    if v6 && eth.proto == ETH_P_IPV6.to_be() {
+        let ip = read::<Ipv6Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
+        let outer = bytes(&remote);
+        check_source6(&outer, &ip.saddr).map_err(|r| Dropped::at6(r, ip.saddr, ip.daddr))?;
+    } else if !v6 && eth.proto == ETH_P_IP.to_be() {
+        let ip = read::<Ipv4Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
+        // The helper gives IPv4 addresses in host order.
+        let outer = remote[0].to_be();
+        check_source4(outer, ip.saddr).map_err(|r| Dropped::at(r, ip.saddr, ip.daddr))?;
+    } else {
+        return Err(Reason::DropMalformed.into());
+    }
+    // The frame is addressed to the VTEP MAC of its family's overlay
+    // device, not necessarily this one's: take it as ours.
+    // SAFETY: the helper only sets the context's sk_buff's packet type.
+    unsafe { bpf_skb_change_type(ctx.skb.skb, PACKET_HOST) };
+    Ok(Done {
+        action: TC_ACT_OK,
+        reason: Reason::Decapsulated,
+        bytes: len,
+    })
+}
