@@ -116,7 +116,12 @@ fn from_pod6(
     let Some(ip) = read::<Ipv6Hdr>(data, end, ETH_LEN) else {
         return Ok(pass);
     };
-    if cfg.flags & CONFIG_F_IPV6 == 0 || ip.version() != 6 || ip.hop_limit <= 1 {
+    // No IPv6 overlay device (yet): the stack reports why.
+    if cfg.flags & CONFIG_F_IPV6 == 0
+        || cfg.overlay6_ifindex == 0
+        || ip.version() != 6
+        || ip.hop_limit <= 1
+    {
         return Ok(pass);
     }
     let Some(vtep) = WEFT_PEERS6.get(Key::new(128, ip.daddr)) else {
@@ -132,7 +137,7 @@ fn from_pod6(
         return Ok(pass);
     }
     // The hop through this node, as routing would count it.
-    let drop = || Dropped::at6(Reason::DropError, ip.saddr, ip.daddr);
+    let drop = || Dropped::at6(Reason::DropError, ETH_LEN);
     if !write(data, end, ETH_LEN + 7, ip.hop_limit - 1) || !set_inner_macs(data, end, cfg, &vtep) {
         return Err(drop());
     }

@@ -58,16 +58,39 @@ pub(crate) enum Flow {
     },
 }
 
-/// `struct bpf_ct_opts` (16 bytes since Linux 6.1).
+/// `struct bpf_ct_opts` (16 bytes since Linux 6.1): `netns_id`, `error`,
+/// then `l4proto`, `dir`, `ct_zone_id`, `ct_zone_dir` and three reserved
+/// bytes as one little-endian word with `l4proto` in its low byte. As
+/// separate zero bytes LLVM clears them with a call to memset, and the
+/// verifier and LLVM disagree about the registers around that call.
 #[repr(C)]
 struct CtOpts {
     netns_id: i32,
     error: i32,
-    l4proto: u8,
-    dir: u8,
-    ct_zone_id: u16,
-    ct_zone_dir: u8,
-    reserved: [u8; 3],
+    /// `l4proto` (byte 0); direction, zone and reserved bytes zero.
+    l4proto_rest: u64,
+}
+
+/// The conntrack entry of `tuple` (`len` bytes: which family), or null.
+#[inline(always)]
+fn lookup(skb: *mut __sk_buff, tuple: &mut SockTuple, len: u32, proto: u8) -> *mut NfConn {
+    let mut opts = CtOpts {
+        netns_id: CURRENT_NETNS,
+        error: 0,
+        l4proto_rest: proto as u64,
+    };
+    // SAFETY: the kfunc reads `len` bytes of the tuple (the variant that
+    // size names) and writes the options, both valid for their sizes; it
+    // returns a referenced nf_conn or null.
+    unsafe {
+        bpf_skb_ct_lookup(
+            skb,
+            tuple,
+            len,
+            &mut opts,
+            core::mem::size_of::<CtOpts>() as u32,
+        )
+    }
 }
 
 /// `struct nf_conn`, only ever behind a pointer.
@@ -148,27 +171,10 @@ pub(crate) fn allows(
             core::mem::size_of::<SockTupleV6>(),
         ),
     };
-    let mut opts = CtOpts {
-        netns_id: CURRENT_NETNS,
-        error: 0,
-        l4proto: proto,
-        dir: 0,
-        ct_zone_id: 0,
-        ct_zone_dir: 0,
-        reserved: [0; 3],
-    };
-    // SAFETY: the kfunc reads `len` bytes of the tuple (the variant that
-    // size names) and writes the options, both on this stack frame with the
-    // sizes given; it returns a referenced nf_conn or null.
-    let ct = unsafe {
-        bpf_skb_ct_lookup(
-            ctx.skb.skb,
-            &mut tuple,
-            len as u32,
-            &mut opts,
-            core::mem::size_of::<CtOpts>() as u32,
-        )
-    };
+    // Decided before the lookup: nothing but the entry lives across the
+    // kfunc call.
+    let closing = proto == IPPROTO_TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0;
+    let ct = lookup(ctx.skb.skb, &mut tuple, len as u32, proto);
     if ct.is_null() {
         return false;
     }
@@ -178,7 +184,7 @@ pub(crate) fn allows(
     // offset of its 8-byte `status` field in this kernel.
     let status = unsafe { core::ptr::read_volatile((ct as *const u8).add(off) as *const u64) };
     let ok = status & IPS_CONFIRMED != 0 && status & IPS_NAT_MASK == 0;
-    if ok && proto == IPPROTO_TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+    if ok && closing {
         // SAFETY: ct is the referenced entry from the lookup.
         unsafe { bpf_ct_change_timeout(ct, CLOSED_TIMEOUT_MS) };
     }

@@ -151,7 +151,7 @@ fn classify6(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<De
     if dport != cfg.port.to_be() {
         return Ok(None);
     }
-    let refuse = |r: Reason| Dropped::at6(r, ip.saddr, ip.daddr);
+    let refuse = |r: Reason| Dropped::at6(r, ETH_LEN);
     let vx = read::<VxlanHdr>(data, end, ETH_LEN + IPV6_LEN + UDP_LEN)
         .ok_or(refuse(Reason::DropMalformed))?;
     if vx.flags & VXLAN_FLAG_VNI == 0 {
@@ -172,7 +172,7 @@ fn classify6(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<De
     let inner_ecn = iip.ecn();
     let set_ce = ip.ecn() == ECN_CE && inner_ecn != ECN_CE;
     if set_ce && inner_ecn == ECN_NOT_ECT {
-        return Err(Dropped::at6(Reason::DropEcn, iip.saddr, iip.daddr));
+        return Err(Dropped::at6(Reason::DropEcn, INNER_ETH6 + ETH_LEN));
     }
     let ok = Decap {
         set_ce,
@@ -181,8 +181,8 @@ fn classify6(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<De
     };
     match check_source6(&ip.saddr, &iip.saddr) {
         Ok(()) => Ok(Some(ok)),
-        Err(r) if r == Reason::DropUnknownVtep => Err(Dropped::at6(r, ip.saddr, ip.daddr)),
-        Err(r) => Err(Dropped::at6(r, iip.saddr, iip.daddr)),
+        Err(r) if r == Reason::DropUnknownVtep => Err(Dropped::at6(r, ETH_LEN)),
+        Err(r) => Err(Dropped::at6(r, INNER_ETH6 + ETH_LEN)),
     }
 }
 

@@ -18,8 +18,13 @@
 //!   itself: IPv6 fragments of VXLAN, which the uplink's programs pass for
 //!   the kernel to reassemble. They get the same checks.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
-    bindings::{BPF_F_TUNINFO_IPV6, TC_ACT_OK, bpf_tunnel_key},
+    bindings::{
+        BPF_F_TUNINFO_IPV6, TC_ACT_OK, bpf_tunnel_key, bpf_tunnel_key__bindgen_ty_1,
+        bpf_tunnel_key__bindgen_ty_2, bpf_tunnel_key__bindgen_ty_3,
+    },
     helpers::generated::{bpf_skb_change_type, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     maps::lpm_trie::Key,
     programs::TcContext,
@@ -40,11 +45,15 @@ const OUTER_TTL: u8 = 64;
 /// `PACKET_HOST`.
 const PACKET_HOST: u32 = 0;
 
-/// An all-zero tunnel key.
+/// Whether the frame is IPv6 to a multicast address.
 #[inline(always)]
-fn empty_key() -> bpf_tunnel_key {
-    // SAFETY: bpf_tunnel_key is plain data; all zeroes is a valid value.
-    unsafe { core::mem::zeroed() }
+pub(crate) fn is_multicast(ctx: &TcContext) -> bool {
+    let Ok((data, end)) = linear(ctx, ETH_LEN + IPV6_LEN) else {
+        return false;
+    };
+    let proto = read::<u16>(data, end, 12);
+    let first = read::<u8>(data, end, ETH_LEN + 24);
+    proto == Some(ETH_P_IPV6.to_be()) && first == Some(0xff)
 }
 
 /// Whether the skb already carries a tunnel key (host routing set it).
@@ -56,19 +65,20 @@ pub(crate) fn has_tunnel_key(ctx: &TcContext) -> bool {
 /// The skb's tunnel key (IPv6 first, then IPv4), if it carries one.
 #[inline(always)]
 fn tunnel_key(ctx: &TcContext) -> Option<(bpf_tunnel_key, bool)> {
-    let mut key = empty_key();
     let size = core::mem::size_of::<bpf_tunnel_key>() as u32;
-    // SAFETY: the helper writes at most `size` bytes into `key`, on this
-    // stack frame.
-    let r = unsafe {
-        bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size, BPF_F_TUNINFO_IPV6 as u64)
-    };
-    if r == 0 {
-        return Some((key, true));
+    for (flags, v6) in [(BPF_F_TUNINFO_IPV6 as u64, true), (0, false)] {
+        // Filled by the helper (which clears it on failure): no zeroing
+        // here, which would compile to a call to memset.
+        let mut key = MaybeUninit::<bpf_tunnel_key>::uninit();
+        // SAFETY: the helper writes `size` bytes into `key`, on this stack
+        // frame, whether it succeeds or not.
+        let r = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, key.as_mut_ptr(), size, flags) };
+        if r == 0 {
+            // SAFETY: the helper filled the whole key.
+            return Some((unsafe { key.assume_init() }, v6));
+        }
     }
-    // SAFETY: as above.
-    let r = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size, 0) };
-    (r == 0).then_some((key, false))
+    None
 }
 
 /// Sets the tunnel key for `vtep`: the kernel's vxlan device encapsulates
@@ -76,11 +86,19 @@ fn tunnel_key(ctx: &TcContext) -> Option<(bpf_tunnel_key, bool)> {
 /// 64, the UDP checksum on).
 #[inline(always)]
 pub(crate) fn set_tunnel(ctx: &TcContext, cfg: &DataplaneConfig, vtep: &Vtep6) -> Result<(), ()> {
-    let mut key = empty_key();
-    key.tunnel_id = cfg.vni;
-    key.tunnel_ttl = OUTER_TTL;
-    key.__bindgen_anon_1.remote_ipv6 = words(&vtep.addr);
-    key.__bindgen_anon_3.local_ipv6 = words(&cfg.local_addr6);
+    let mut key = bpf_tunnel_key {
+        tunnel_id: cfg.vni,
+        __bindgen_anon_1: bpf_tunnel_key__bindgen_ty_1 {
+            remote_ipv6: words(&vtep.addr),
+        },
+        tunnel_tos: 0,
+        tunnel_ttl: OUTER_TTL,
+        __bindgen_anon_2: bpf_tunnel_key__bindgen_ty_2 { tunnel_ext: 0 },
+        tunnel_label: 0,
+        __bindgen_anon_3: bpf_tunnel_key__bindgen_ty_3 {
+            local_ipv6: words(&cfg.local_addr6),
+        },
+    };
     // SAFETY: the helper reads `size` bytes of `key`, on this stack frame.
     let r = unsafe {
         bpf_skb_set_tunnel_key(
@@ -103,17 +121,16 @@ fn words(a: &[u8; 16]) -> [u32; 4] {
 /// The inverse of [`words`].
 #[inline(always)]
 fn bytes(w: &[u32; 4]) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    let mut i = 0;
-    while i < 4 {
-        let b = w[i].to_ne_bytes();
-        out[i * 4] = b[0];
-        out[i * 4 + 1] = b[1];
-        out[i * 4 + 2] = b[2];
-        out[i * 4 + 3] = b[3];
-        i += 1;
-    }
-    out
+    let (a, b, c, d) = (
+        w[0].to_ne_bytes(),
+        w[1].to_ne_bytes(),
+        w[2].to_ne_bytes(),
+        w[3].to_ne_bytes(),
+    );
+    [
+        a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2],
+        d[3],
+    ]
 }
 
 /// The inner frame's MACs: to the peer's VTEP MAC (a flannel node's vxlan
@@ -146,7 +163,7 @@ pub(crate) fn encap6(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>
         return Err(Reason::DropNoRoute.into());
     }
     let ip = read::<Ipv6Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
-    let drop = |r: Reason| Dropped::at6(r, ip.saddr, ip.daddr);
+    let drop = |r: Reason| Dropped::at6(r, ETH_LEN);
     let vtep = *WEFT_PEERS6
         .get(Key::new(128, ip.daddr))
         .ok_or(drop(Reason::DropNoRoute))?;
@@ -180,7 +197,7 @@ pub(crate) fn tunnel_rx(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i
     if v6 && eth.proto == ETH_P_IPV6.to_be() {
         let ip = read::<Ipv6Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
         let outer = bytes(&remote);
-        check_source6(&outer, &ip.saddr).map_err(|r| Dropped::at6(r, ip.saddr, ip.daddr))?;
+        check_source6(&outer, &ip.saddr).map_err(|r| Dropped::at6(r, ETH_LEN))?;
     } else if !v6 && eth.proto == ETH_P_IP.to_be() {
         let ip = read::<Ipv4Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
         // The helper gives IPv4 addresses in host order.

@@ -50,6 +50,11 @@ fn weft_encap6(ctx: TcContext) -> i32 {
     if encap6::has_tunnel_key(&ctx) {
         return TC_ACT_OK;
     }
+    // The device's own IPv6 housekeeping (MLD reports for its multicast
+    // groups): never overlay traffic, never counted.
+    if encap6::is_multicast(&ctx) {
+        return TC_ACT_SHOT;
+    }
     let len = ctx.len();
     let r = match config() {
         Some(cfg) => encap6::encap6(&ctx, cfg),
@@ -148,7 +153,7 @@ fn weft_deliver(ctx: TcContext) -> i32 {
 
 /// Counts the outcome of a program body once and returns its action.
 #[inline(always)]
-fn finish<C: aya_ebpf::EbpfContext, A>(
+fn finish<C: trace::Frame, A>(
     ctx: &C,
     r: Result<Done<A>, Dropped>,
     len: u32,

@@ -7,26 +7,45 @@
 use aya_ebpf::EbpfContext;
 use aya_log_ebpf::warn;
 
-use crate::verdict::Dropped;
+use aya_ebpf::programs::{TcContext, XdpContext};
+
+use crate::{packet::read, verdict::Dropped};
+
+/// The packet's bounds, for the programs' contexts.
+pub(crate) trait Frame: EbpfContext {
+    fn bounds(&self) -> (usize, usize);
+}
+
+impl Frame for TcContext {
+    fn bounds(&self) -> (usize, usize) {
+        (self.data(), self.data_end())
+    }
+}
+
+impl Frame for XdpContext {
+    fn bounds(&self) -> (usize, usize) {
+        (self.data(), self.data_end())
+    }
+}
 
 #[inline(always)]
-pub(crate) fn dropped<C: EbpfContext>(ctx: &C, d: &Dropped) {
-    if d.family == 6 {
-        warn!(
-            ctx,
-            "dropped ({}): {:i} -> {:i}",
-            d.reason.name(),
-            d.src,
-            d.dst
-        );
-    } else {
-        let v4 = |a: &[u8; 16]| u32::from_be_bytes([a[0], a[1], a[2], a[3]]);
-        warn!(
-            ctx,
-            "dropped ({}): {:i} -> {:i}",
-            d.reason.name(),
-            v4(&d.src),
-            v4(&d.dst)
-        );
+pub(crate) fn dropped<C: Frame>(ctx: &C, d: &Dropped) {
+    if d.ip6_at != 0 {
+        let (data, end) = ctx.bounds();
+        // Bounded for the verifier (a header offset is always below 128).
+        let at = (d.ip6_at & 0x7f) as usize;
+        let src = read::<[u8; 16]>(data, end, at + 8);
+        let dst = read::<[u8; 16]>(data, end, at + 24);
+        if let (Some(src), Some(dst)) = (src, dst) {
+            warn!(ctx, "dropped ({}): {:i} -> {:i}", d.reason.name(), src, dst);
+            return;
+        }
     }
+    warn!(
+        ctx,
+        "dropped ({}): {:i} -> {:i}",
+        d.reason.name(),
+        u32::from_be(d.src),
+        u32::from_be(d.dst)
+    );
 }

@@ -12,54 +12,41 @@ pub(crate) struct Done<A> {
     pub(crate) bytes: u32,
 }
 
-/// A packet refused: why, and its addresses for `--trace-drops` (every
-/// byte initialised, whichever family: the verifier refuses copies of
-/// uninitialised stack).
+/// A packet refused: why, and where its addresses are for `--trace-drops`:
+/// IPv4 addresses themselves (network order), or for IPv6 the offset of
+/// the IPv6 header in the frame, read when the drop is traced (sixteen-byte
+/// addresses carried here would double the stack every program needs).
 #[derive(Clone, Copy)]
 pub(crate) struct Dropped {
     pub(crate) reason: Reason,
-    /// 4 or 6; 0 when the addresses are unknown.
-    pub(crate) family: u8,
-    /// IPv4 addresses (network order) in the first four bytes.
-    pub(crate) src: [u8; 16],
-    pub(crate) dst: [u8; 16],
+    pub(crate) src: u32,
+    pub(crate) dst: u32,
+    /// The offset of the IPv6 header whose addresses to trace; 0: IPv4.
+    pub(crate) ip6_at: u32,
 }
 
 impl Dropped {
-    pub(crate) fn at(reason: Reason, src: u32, dst: u32) -> Self {
-        let (mut s, mut d) = ([0u8; 16], [0u8; 16]);
-        let (sb, db) = (src.to_ne_bytes(), dst.to_ne_bytes());
-        let mut i = 0;
-        while i < 4 {
-            s[i] = sb[i];
-            d[i] = db[i];
-            i += 1;
-        }
+    pub(crate) const fn at(reason: Reason, src: u32, dst: u32) -> Self {
         Self {
             reason,
-            family: 4,
-            src: s,
-            dst: d,
+            src,
+            dst,
+            ip6_at: 0,
         }
     }
 
-    pub(crate) const fn at6(reason: Reason, src: [u8; 16], dst: [u8; 16]) -> Self {
+    pub(crate) const fn at6(reason: Reason, ip6_at: usize) -> Self {
         Self {
             reason,
-            family: 6,
-            src,
-            dst,
+            src: 0,
+            dst: 0,
+            ip6_at: ip6_at as u32,
         }
     }
 }
 
 impl From<Reason> for Dropped {
     fn from(reason: Reason) -> Self {
-        Self {
-            reason,
-            family: 0,
-            src: [0; 16],
-            dst: [0; 16],
-        }
+        Self::at(reason, 0, 0)
     }
 }

@@ -77,6 +77,17 @@ impl Agent {
         Self::launch(name, ns, args, &[], subnet)
     }
 
+    /// Like [`Agent::start`], with a subnet file of exactly `text` in place
+    /// (a stale dual-stack or IPv6-only file, say).
+    pub fn start_with_file(
+        name: &str,
+        ns: Option<&Netns>,
+        args: &[String],
+        text: &str,
+    ) -> Result<Self> {
+        Self::launch_with(name, ns, args, &[], Some(text.to_string()))
+    }
+
     fn launch(
         name: &str,
         ns: Option<&Netns>,
@@ -84,15 +95,25 @@ impl Agent {
         env: &[(&str, &str)],
         subnet: Option<&str>,
     ) -> Result<Self> {
+        let text = subnet.map(|s| {
+            format!(
+                "FLANNEL_NETWORK=10.0.0.0/8\nFLANNEL_SUBNET={s}\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n"
+            )
+        });
+        Self::launch_with(name, ns, args, env, text)
+    }
+
+    fn launch_with(
+        name: &str,
+        ns: Option<&Netns>,
+        args: &[String],
+        env: &[(&str, &str)],
+        subnet_file: Option<String>,
+    ) -> Result<Self> {
         let dir = std::env::temp_dir().join(crate::unique(&format!("weft-agent-{name}-")));
         std::fs::create_dir_all(&dir)?;
-        if let Some(s) = subnet {
-            std::fs::write(
-                dir.join("subnet.env"),
-                format!(
-                    "FLANNEL_NETWORK=10.0.0.0/8\nFLANNEL_SUBNET={s}\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n"
-                ),
-            )?;
+        if let Some(text) = subnet_file {
+            std::fs::write(dir.join("subnet.env"), text)?;
         }
         let mut a = Self {
             child: None,
@@ -300,6 +321,13 @@ impl Agent {
             self.name,
             self.log()
         )
+    }
+
+    /// Both subnets the subnet file names (FLANNEL_SUBNET and
+    /// FLANNEL_IPV6_SUBNET), if written.
+    pub fn subnets(&self) -> Option<weft::lease::Subnets> {
+        let text = std::fs::read_to_string(self.subnet_file()).ok()?;
+        weft::lease::parse_subnet_env(&text).ok()
     }
 
     /// FLANNEL_SUBNET from the subnet file, if written.

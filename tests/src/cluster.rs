@@ -7,7 +7,10 @@
 //! at 198.18.0.i; pods in 10.244.0.0/16. All of it exists only inside the
 //! namespaces the test created.
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+};
 
 use anyhow::{Context as _, Result};
 use ipnet::Ipv4Net;
@@ -74,7 +77,10 @@ impl Underlay {
 /// A pod: a namespace with `eth0`, attached by CNI plugins.
 pub struct Pod {
     pub ns: Netns,
+    /// Its IPv4 address (unspecified for a pod without one).
     pub ip: Ipv4Addr,
+    /// Its IPv6 address, on a network with IPv6.
+    pub ip6: Option<Ipv6Addr>,
     /// The host side of its veth.
     pub host_if: String,
     pub container_id: String,
@@ -92,6 +98,8 @@ pub struct Node {
     pub cni: Option<ConfList>,
     /// host-local's records of this node's pod addresses.
     pub ipam_dir: PathBuf,
+    /// Pods get IPv6 (their namespaces have it on).
+    pub ipv6: bool,
 }
 
 impl Node {
@@ -127,6 +135,7 @@ impl Node {
             pods: Vec::new(),
             cni: None,
             ipam_dir,
+            ipv6: false,
         }
     }
 
@@ -167,11 +176,15 @@ impl Node {
             .as_ref()
             .context("no CNI network on this node yet (use_subnet)")?;
         let ns = Netns::new("wp")?;
+        if self.ipv6 {
+            ns.enable_ipv6()?;
+        }
         let container_id = crate::cni::container_id(ns.name());
         let a = cni.add_with(&self.ns, &container_id, &ns, "eth0", cni_args)?;
         self.pods.push(Pod {
             ns,
             ip: a.ip,
+            ip6: a.ip6,
             host_if: a.host_if,
             container_id,
             result: a.result,
@@ -213,8 +226,10 @@ impl Drop for Node {
     }
 }
 
-/// Pings `to` from `from` (`count` packets); true when all replies came.
-pub fn ping(from: &Netns, to: Ipv4Addr, count: u32) -> bool {
+/// Pings `to` (IPv4 or IPv6) from `from` (`count` packets); true when all
+/// replies came.
+pub fn ping(from: &Netns, to: impl Into<IpAddr>, count: u32) -> bool {
+    let to: IpAddr = to.into();
     from.exec(
         "ping",
         &[
@@ -263,6 +278,100 @@ pub fn flannel_device(node: &Node, subnet: crate::overlay::Subnet) -> Result<wef
     ])?;
     ns.sysctl("net.ipv4.ip_forward", "1")?;
     Ok(mac(ns, "flannel.1")?.parse()?)
+}
+
+/// Sets `node` up as flannel sets up a dual-stack node's IPv6 half:
+/// `flannel-v6.1` (VNI 1, port 8472, local `ip6`, no learning, on `eth0`,
+/// created with MTU 1450: flannel subtracts 50 over IPv6 too, and the
+/// kernel lowers it to the 1430 an IPv6 vxlan device on a 1500-byte uplink
+/// can carry) holding `<subnet>/128`, IPv6 forwarding on. Returns its MAC
+/// (the lease's BackendV6Data VtepMAC).
+pub fn flannel_device6(
+    node: &Node,
+    ip6: Ipv6Addr,
+    subnet: ipnet::Ipv6Net,
+) -> Result<weft::mac::MacAddr> {
+    let ns = &node.ns;
+    ns.ip(&[
+        "link",
+        "add",
+        "flannel-v6.1",
+        "mtu",
+        "1450",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "local",
+        &ip6.to_string(),
+        "dstport",
+        "8472",
+        "nolearning",
+        "dev",
+        "eth0",
+    ])?;
+    ns.sysctl("net.ipv6.conf.flannel-v6/1.accept_ra", "0")?;
+    ns.ip(&["link", "set", "flannel-v6.1", "up"])?;
+    ns.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{}/128", subnet.network()),
+        "dev",
+        "flannel-v6.1",
+        "nodad",
+    ])?;
+    ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+    Ok(mac(ns, "flannel-v6.1")?.parse()?)
+}
+
+/// flannel's IPv6 entries for one remote lease: neighbour `<subnet>:: ->
+/// VtepMAC`, FDB `VtepMAC -> PublicIPv6`, route `<subnet> via <subnet>::
+/// onlink`.
+pub fn flannel_peer6(
+    node: &Node,
+    subnet: ipnet::Ipv6Net,
+    public_ipv6: Ipv6Addr,
+    vtep_mac: weft::mac::MacAddr,
+) -> Result<()> {
+    let ns = &node.ns;
+    let (m, gw) = (vtep_mac.to_string(), subnet.network().to_string());
+    ns.ip(&[
+        "-6",
+        "neigh",
+        "replace",
+        &gw,
+        "lladdr",
+        &m,
+        "dev",
+        "flannel-v6.1",
+        "nud",
+        "permanent",
+    ])?;
+    ns.exec(
+        "bridge",
+        &[
+            "fdb",
+            "append",
+            &m,
+            "dev",
+            "flannel-v6.1",
+            "dst",
+            &public_ipv6.to_string(),
+        ],
+    )?;
+    ns.ip(&[
+        "-6",
+        "route",
+        "replace",
+        &subnet.to_string(),
+        "via",
+        &gw,
+        "dev",
+        "flannel-v6.1",
+        "onlink",
+    ])?;
+    Ok(())
 }
 
 /// flannel's entries for one remote lease: neighbour `<subnet>.0 -> VtepMAC`,

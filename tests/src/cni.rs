@@ -6,13 +6,13 @@
 
 use std::{
     io::Write as _,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     process::Stdio,
 };
 
 use anyhow::{Context as _, Result, bail};
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use serde_json::{Value, json};
 
 use crate::netns::Netns;
@@ -57,6 +57,50 @@ pub fn flannel_like(subnet: Ipv4Net, network: Ipv4Net, mtu: u32, ipam_dir: &Path
     }
 }
 
+/// Weft's standalone plugin (as a cluster without flannel's plugin runs
+/// it): it reads the agent's subnet.env and delegates to `bridge` and
+/// `host-local` for every address family there, as flannel's plugin does.
+pub fn weft_standalone(subnet_file: &Path, state_dir: &Path, ipam_dir: &Path) -> ConfList {
+    let mut list = ConfList {
+        name: "cbr0".into(),
+        cni_version: "1.0.0".into(),
+        plugins: vec![json!({
+            "type": "weft",
+            "subnetFile": subnet_file,
+            "stateDir": state_dir,
+            "dataDir": ipam_dir,
+        })],
+        path: vec![PathBuf::from(SYSTEM_PLUGINS)],
+    };
+    let weft_dir = crate::agent::weft_bin()
+        .parent()
+        .expect("the weft binary is in a directory")
+        .to_path_buf();
+    list.path.insert(0, weft_dir);
+    list
+}
+
+/// flannel's plugin's network for a dual-stack node: one range and one
+/// route per family, as it writes them from subnet.env.
+pub fn flannel_like_dual(
+    subnets: (Ipv4Net, ipnet::Ipv6Net),
+    networks: (Ipv4Net, ipnet::Ipv6Net),
+    mtu: u32,
+    ipam_dir: &Path,
+) -> ConfList {
+    let mut c = flannel_like(subnets.0, networks.0, mtu, ipam_dir);
+    let ipam = &mut c.plugins[0]["ipam"];
+    ipam["ranges"] = json!([
+        [{"subnet": subnets.0.to_string()}],
+        [{"subnet": subnets.1.to_string()}]
+    ]);
+    ipam["routes"] = json!([
+        {"dst": networks.0.to_string()},
+        {"dst": networks.1.to_string()}
+    ]);
+    c
+}
+
 /// Who a plugin runs for: the node the runtime runs on, the container and
 /// its namespace (none for a DEL after the namespace is gone), the
 /// interface name in it.
@@ -89,7 +133,9 @@ pub fn chain_weft(list: &mut ConfList, state_dir: &Path) {
 #[derive(Clone, Debug)]
 pub struct Attached {
     pub result: Value,
+    /// The IPv4 address (unspecified when the pod got none).
     pub ip: Ipv4Addr,
+    pub ip6: Option<Ipv6Addr>,
     /// The host side of the pod's veth.
     pub host_if: String,
 }
@@ -261,15 +307,26 @@ impl ConfList {
 /// The pod's address and host interface from a CNI result.
 pub fn attached(result: Value) -> Result<Attached> {
     let ifaces = result["interfaces"].as_array().cloned().unwrap_or_default();
-    let ip_entry = result["ips"]
+    let addrs: Vec<IpNet> = result["ips"]
         .as_array()
-        .and_then(|ips| ips.first())
-        .with_context(|| format!("no address in the CNI result {result}"))?;
-    let addr: Ipv4Net = ip_entry["address"]
-        .as_str()
-        .context("ips[0].address")?
-        .parse()
-        .context("ips[0].address")?;
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["address"].as_str()?.parse().ok())
+        .collect();
+    if addrs.is_empty() {
+        bail!("no address in the CNI result {result}");
+    }
+    let ip = addrs
+        .iter()
+        .find_map(|a| match a {
+            IpNet::V4(n) => Some(n.addr()),
+            IpNet::V6(_) => None,
+        })
+        .unwrap_or(Ipv4Addr::UNSPECIFIED);
+    let ip6 = addrs.iter().find_map(|a| match a {
+        IpNet::V6(n) => Some(n.addr()),
+        IpNet::V4(_) => None,
+    });
     // The host side of the veth: the interface in no sandbox that is not
     // the bridge (bridge's result lists the bridge, the host veth, and the
     // container's interface).
@@ -282,7 +339,8 @@ pub fn attached(result: Value) -> Result<Attached> {
         .to_string();
     Ok(Attached {
         result,
-        ip: addr.addr(),
+        ip,
+        ip6,
         host_if,
     })
 }

@@ -33,6 +33,23 @@ impl Netns {
         &self.name
     }
 
+    /// Turns IPv6 back on, for the namespace's interfaces now and later
+    /// (tests of IPv6 networks).
+    pub fn enable_ipv6(&self) -> Result<()> {
+        for conf in ["all", "default"] {
+            self.sysctl(&format!("net.ipv6.conf.{conf}.disable_ipv6"), "0")?;
+        }
+        let links = self.ip(&["-o", "link", "show"])?;
+        for name in links
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n))
+        {
+            self.sysctl(&format!("net.ipv6.conf.{name}.disable_ipv6"), "0")?;
+        }
+        Ok(())
+    }
+
     pub fn path(&self) -> PathBuf {
         PathBuf::from("/var/run/netns").join(&self.name)
     }

@@ -116,6 +116,25 @@ pub fn subnet_of(i: u8) -> Ipv4Net {
     format!("10.244.{i}.0/24").parse().expect("valid")
 }
 
+/// Node `i`'s IPv6 pod subnet (in fd00:10:244::/56).
+pub fn subnet6_of(i: u8) -> ipnet::Ipv6Net {
+    format!("fd00:10:244:{i:x}::/64").parse().expect("valid")
+}
+
+/// The IPv6 peer entry for `node` (IPv6 VTEP `ip6`) serving `subnet`.
+pub fn peer6(node: &Node, ip6: std::net::Ipv6Addr, subnet: ipnet::Ipv6Net) -> Peer {
+    Peer::v6(subnet, ip6, vtep6_mac(node.index))
+}
+
+/// `setup` with IPv6 too: the node's IPv6 VTEP `ip6` and subnet `subnet6`
+/// of fd00:10:244::/56.
+pub fn with_ipv6(mut setup: Setup, ip6: std::net::Ipv6Addr, subnet6: ipnet::Ipv6Net) -> Setup {
+    setup.spec.public_ipv6 = Some(ip6);
+    setup.spec.network6 = Some("fd00:10:244::/56".parse().expect("a network"));
+    setup.subnet6 = Some(subnet6);
+    setup
+}
+
 pub fn pod_ip(node: u8, pod: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, node, 10 + pod)
 }

@@ -3,7 +3,7 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     sync::mpsc,
     time::Duration,
 };
@@ -38,11 +38,12 @@ fn digest(mut h: u64, buf: &[u8]) -> u64 {
 /// `sns`); returns (bytes received, digest matches).
 pub fn tcp_transfer(
     sns: &Netns,
-    server: Ipv4Addr,
+    server: impl Into<IpAddr>,
     port: u16,
     cns: &Netns,
     bytes: usize,
 ) -> (usize, bool) {
+    let server: IpAddr = server.into();
     let (ready_tx, ready_rx) = mpsc::channel();
     let srv = sns.spawn_thread(move || {
         let l = TcpListener::bind((server, port)).expect("bind");
@@ -90,12 +91,13 @@ pub fn tcp_transfer(
 /// `sns`; returns how many arrived intact.
 pub fn udp_transfer(
     sns: &Netns,
-    server: Ipv4Addr,
+    server: impl Into<IpAddr>,
     port: u16,
     cns: &Netns,
     count: usize,
     size: usize,
 ) -> usize {
+    let server: IpAddr = server.into();
     let (ready_tx, ready_rx) = mpsc::channel();
     let srv = sns.spawn_thread(move || {
         let s = UdpSocket::bind((server, port)).expect("bind");
@@ -117,7 +119,12 @@ pub fn udp_transfer(
     });
     ready_rx.recv().unwrap();
     cns.spawn_thread(move || {
-        let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        let any: IpAddr = if server.is_ipv4() {
+            Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            Ipv6Addr::UNSPECIFIED.into()
+        };
+        let s = UdpSocket::bind((any, 0)).unwrap();
         for i in 0..count {
             s.send_to(&vec![i as u8; size], (server, port)).unwrap();
             if i % 10 == 9 {

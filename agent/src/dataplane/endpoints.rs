@@ -88,7 +88,7 @@ impl Endpoints {
         loaded: &mut Loaded,
         pins: &PinDir,
         nl: &Netlink,
-        uplink: &str,
+        not_pods: &[String],
     ) -> Result<EndpointSync> {
         let links: HashMap<u32, String> = nl
             .links()
@@ -131,7 +131,10 @@ impl Endpoints {
         // Programs on veths that serve no endpoint (a pod gone while the
         // agent was away) are removed; pins of vanished devices too.
         for (hook, iface, ifindex) in loader::pinned_links(pins)? {
-            if hook != Hook::TcIngress || iface == uplink {
+            // Only pods' links: not the uplink's, not the IPv6 overlay
+            // device's (its ingress program checks what the kernel
+            // decapsulated).
+            if hook != Hook::TcIngress || not_pods.contains(&iface) {
                 continue;
             }
             let exists = links.get(&ifindex) == Some(&iface);

@@ -527,6 +527,11 @@ impl Overlay {
     /// Makes the local pods host routing reaches match the registered
     /// endpoints `want`.
     pub async fn sync_endpoints(&mut self, want: &[EndpointSpec]) -> Result<EndpointSync> {
+        let not_pods = [
+            self.spec.uplink.clone(),
+            device_name(self.spec.vni),
+            device6_name(self.spec.vni),
+        ];
         self.endpoints
             .sync(
                 want,
@@ -534,7 +539,7 @@ impl Overlay {
                 &mut self.loaded,
                 &self.spec.pins,
                 &self.nl,
-                &self.spec.uplink,
+                &not_pods,
             )
             .await
     }

@@ -1,0 +1,146 @@
+//! Dual-stack and IPv6-only networks with real agents: flannel's etcd keys
+//! and JSON for both families, subnet.env's IPv6 lines, pods with an
+//! address of each family (Weft's standalone CNI plugin), and IPv6 pod
+//! traffic between IPv6 VTEPs in the eBPF datapath.
+
+use std::time::Duration;
+
+use dataplane_common::Reason;
+use weft::lease::{LeaseAttrs, parse_key};
+use weft_tests::{
+    dual::{DUAL, DualCluster, V6_ONLY, underlay6},
+    traffic::tcp_transfer,
+    weft_cluster::PREFIX,
+};
+
+const T: Duration = Duration::from_secs(30);
+
+/// Every key under the subnets prefix, with its value.
+fn leases(c: &DualCluster) -> Vec<(String, LeaseAttrs)> {
+    let out = c
+        .etcd
+        .etcdctl(&["get", "--prefix", &format!("{PREFIX}/subnets/")])
+        .unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    lines
+        .chunks(2)
+        .map(|kv| {
+            let key = kv[0].strip_prefix(&format!("{PREFIX}/subnets/")).unwrap();
+            (key.to_string(), LeaseAttrs::parse(kv[1].as_bytes()).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn a_dual_stack_cluster_reaches_every_pod_over_both_families() {
+    let c = DualCluster::new(3, DUAL, &[]).unwrap();
+    c.wait_meshed(T);
+
+    // Leases as flannel writes them for dual-stack: a key naming both
+    // subnets, PublicIPv6 and BackendV6Data beside the IPv4 ones.
+    let ls = leases(&c);
+    assert_eq!(ls.len(), 3, "{ls:?}");
+    for n in &c.nodes {
+        let key = n.subnets.key();
+        let (_, a) = ls.iter().find(|(k, _)| *k == key).expect("the node's key");
+        assert!(key.contains('&'), "{key}");
+        assert_eq!(parse_key(&key).unwrap(), n.subnets);
+        assert_eq!(a.public_ip, n.node.ip);
+        assert_eq!(a.public_ipv6, Some(n.ip6));
+        assert_ne!(
+            a.vxlan_data().unwrap().vtep_mac,
+            a.vxlan_v6_data().unwrap().vtep_mac,
+            "one VTEP MAC per device, as flannel has"
+        );
+        // subnet.env with flannel's IPv6 lines; the MTU leaves room for
+        // VXLAN over IPv6.
+        let env = std::fs::read_to_string(n.agent.subnet_file()).unwrap();
+        assert!(env.contains("FLANNEL_IPV6_NETWORK=fd00:10:244::/56\n"), "{env}");
+        let v6 = n.subnets.v6.unwrap();
+        assert!(
+            env.contains(&format!("FLANNEL_IPV6_SUBNET={}1/64\n", v6.network())),
+            "{env}"
+        );
+        assert!(env.contains("FLANNEL_MTU=1430\n"), "{env}");
+        // Pods have one address of each family.
+        for p in &n.node.pods {
+            assert!(n.subnets.v4.unwrap().contains(&p.ip));
+            assert!(v6.contains(&p.ip6.expect("an IPv6 address")));
+        }
+        // IPv6 peers are routed through the IPv6 overlay device.
+        let routes = n.node.ns.ip(&["-6", "route", "show", "proto", "44"]).unwrap();
+        assert_eq!(routes.lines().count(), 2, "{routes}");
+        assert!(routes.contains("dev weft-v6.1"), "{routes}");
+    }
+
+    let failed = c.unreachable_pairs();
+    assert!(failed.is_empty(), "unreachable: {failed:?}");
+
+    // TCP both ways over IPv6, intact.
+    let (a, b) = (&c.nodes[0].node.pods[0], &c.nodes[1].node.pods[1]);
+    let (a6, b6) = (a.ip6.unwrap(), b.ip6.unwrap());
+    let (n, intact) = tcp_transfer(&b.ns, b6, 5201, &a.ns, 50 << 20);
+    assert!(n == 50 << 20 && intact, "{n} bytes to {b6}");
+    let (n, intact) = tcp_transfer(&a.ns, a6, 5202, &b.ns, 20 << 20);
+    assert!(n == 20 << 20 && intact, "{n} bytes to {a6}");
+    // And over IPv4, unchanged.
+    let (n, intact) = tcp_transfer(&b.ns, b.ip, 5203, &a.ns, 10 << 20);
+    assert!(n == 10 << 20 && intact);
+
+    // Counted by the programs on both sides.
+    let sent = c.nodes[0].counters();
+    let got = c.nodes[1].counters();
+    let n = |c: &weft::dataplane::Counters, r| c.get(r).unwrap().packets;
+    for (name, c) in [("sender", &sent), ("receiver", &got)] {
+        let all: Vec<String> = c
+            .all()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| v.packets > 0)
+            .map(|(r, v)| format!("{}={}", r.name(), v.packets))
+            .collect();
+        println!("{name}: {}", all.join(" "));
+    }
+    assert!(n(&sent, Reason::Encapsulated) + n(&sent, Reason::EncapBypass) > 1000);
+    assert!(n(&got, Reason::Decapsulated) + n(&got, Reason::DecapBypass) > 1000);
+
+    // A node reaches a remote pod over IPv6 (its own traffic is routed into
+    // the IPv6 overlay device).
+    assert!(weft_tests::cluster::ping(&c.nodes[2].node.ns, a6, 2));
+    // The IPv6 VTEPs are the underlay's addresses.
+    assert_eq!(c.nodes[0].ip6, underlay6(1));
+}
+
+#[test]
+fn an_ipv6_only_cluster() {
+    let c = DualCluster::new(3, V6_ONLY, &[]).unwrap();
+    c.wait_meshed(T);
+    for (key, a) in leases(&c) {
+        // flannel's IPv6-only key: an empty IPv4 half.
+        assert!(key.starts_with("0.0.0.0-0&fd00:10:244:"), "{key}");
+        assert!(a.public_ip.is_unspecified());
+        assert!(a.vxlan_data().is_err(), "no IPv4 backend data");
+        assert!(a.vxlan_v6_data().is_ok());
+    }
+    for n in &c.nodes {
+        assert_eq!(n.subnets.v4, None);
+        let env = std::fs::read_to_string(n.agent.subnet_file()).unwrap();
+        assert!(!env.contains("FLANNEL_SUBNET="), "{env}");
+        assert!(env.contains("FLANNEL_IPV6_SUBNET="), "{env}");
+        assert!(
+            n.node.ns.ip(&["link", "show", "weft.1"]).is_err(),
+            "no IPv4 overlay device on an IPv6-only node"
+        );
+        for p in &n.node.pods {
+            assert!(p.ip.is_unspecified() && p.ip6.is_some());
+        }
+    }
+    let failed = c.unreachable_pairs();
+    assert!(failed.is_empty(), "unreachable: {failed:?}");
+    let (a, b) = (&c.nodes[0].node.pods[0], &c.nodes[2].node.pods[0]);
+    let (n, intact) = tcp_transfer(&b.ns, b.ip6.unwrap(), 5201, &a.ns, 20 << 20);
+    assert!(n == 20 << 20 && intact);
+    // A third node's subnet is distinct from the others'.
+    let v6: Vec<_> = c.nodes.iter().map(|n| n.subnets.v6.unwrap()).collect();
+    assert!(v6[0] != v6[1] && v6[1] != v6[2] && v6[0] != v6[2], "{v6:?}");
+}
