@@ -152,24 +152,34 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     // drops frames for another MAC) keeps decapsulating until Weft's
     // programs take over. The IPv6 device has a MAC of its own, as
     // flannel's `flannel-v6.<VNI>` has.
-    let vtep_mac = match flannel_vtep_mac(args.datapath, &format!("flannel.{}", config.vni)).await
-    {
+    let vtep_mac = match flannel_vtep_mac(args.datapath, &format!("flannel.{}", config.vni)).await {
         Some(mac) => {
             tracing::info!(device = %format!("flannel.{}", config.vni), %mac, "keeping flannel's VTEP MAC while its device exists");
             mac
         }
         None => MacAddr::derived(
-            format!("{node_id}/{}", public_ip.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED)).as_bytes(),
+            format!(
+                "{node_id}/{}",
+                public_ip.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED)
+            )
+            .as_bytes(),
         ),
     };
     let flannel6 = format!("flannel-v6.{}", config.vni);
-    let vtep6_mac = match (public_ipv6, flannel_vtep_mac(args.datapath, &flannel6).await) {
+    let vtep6_mac = match (
+        public_ipv6,
+        flannel_vtep_mac(args.datapath, &flannel6).await,
+    ) {
         (Some(_), Some(mac)) => {
             tracing::info!(device = %flannel6, %mac, "keeping flannel's IPv6 VTEP MAC while its device exists");
             mac
         }
         (v6, _) => MacAddr::derived(
-            format!("{node_id}/{}", v6.unwrap_or(std::net::Ipv6Addr::UNSPECIFIED)).as_bytes(),
+            format!(
+                "{node_id}/{}",
+                v6.unwrap_or(std::net::Ipv6Addr::UNSPECIFIED)
+            )
+            .as_bytes(),
         ),
     };
     let me = Identity {

@@ -546,7 +546,10 @@ fn stale_pair(cfg: &NetworkConfig, k: u64, j: u64) -> Subnets {
 fn put_reservation(world: &Arc<Mutex<World>>, cfg: &NetworkConfig) {
     // An operator's reservation for node 0's address, on a pair no
     // Weft node would choose (the last IPv4 subnet with the first IPv6 one).
-    let v4 = cfg.ipv4.as_ref().map(|p| p.nth(p.subnet_count() - 1).unwrap());
+    let v4 = cfg
+        .ipv4
+        .as_ref()
+        .map(|p| p.nth(p.subnet_count() - 1).unwrap());
     let v6 = cfg.ipv6.as_ref().map(|p| p.nth(0).unwrap());
     let key = format!("{PREFIX}{}", Subnets { v4, v6 }.key());
     let (value, owner): (&[u8], IpAddr) = if v4.is_some() {

@@ -226,7 +226,7 @@ pub(crate) fn deliver(ctx: &TcContext, cfg: &DataplaneConfig) -> Option<i32> {
             return None;
         }
         // SAFETY: a plain hash lookup; the value is copied out at once.
-        let ep = *unsafe { WEFT_ENDPOINTS6.get(&ip.daddr) }?;
+        let ep = *unsafe { WEFT_ENDPOINTS6.get(ip.daddr) }?;
         if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate6(ctx, data, end, &ip) {
             return None;
         }

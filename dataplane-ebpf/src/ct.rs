@@ -48,14 +48,8 @@ union SockTuple {
 /// ports and TCP flags.
 #[derive(Clone, Copy)]
 pub(crate) enum Flow {
-    V4 {
-        saddr: u32,
-        daddr: u32,
-    },
-    V6 {
-        saddr: [u8; 16],
-        daddr: [u8; 16],
-    },
+    V4 { saddr: u32, daddr: u32 },
+    V6 { saddr: [u8; 16], daddr: [u8; 16] },
 }
 
 /// `struct bpf_ct_opts` (16 bytes since Linux 6.1): `netns_id`, `error`,

@@ -153,12 +153,7 @@ fn weft_deliver(ctx: TcContext) -> i32 {
 
 /// Counts the outcome of a program body once and returns its action.
 #[inline(always)]
-fn finish<C: trace::Frame, A>(
-    ctx: &C,
-    r: Result<Done<A>, Dropped>,
-    len: u32,
-    drop: A,
-) -> A {
+fn finish<C: trace::Frame, A>(ctx: &C, r: Result<Done<A>, Dropped>, len: u32, drop: A) -> A {
     match r {
         Ok(d) => {
             count(d.reason, d.bytes);

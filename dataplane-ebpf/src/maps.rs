@@ -36,8 +36,7 @@ pub(crate) static WEFT_VTEPS6: HashMap<[u8; 16], VtepInfo> = HashMap::pinned(MAX
 
 /// Pods on this node by IPv6 address, for host routing.
 #[map]
-pub(crate) static WEFT_ENDPOINTS6: HashMap<[u8; 16], Endpoint> =
-    HashMap::pinned(MAX_ENDPOINTS, 0);
+pub(crate) static WEFT_ENDPOINTS6: HashMap<[u8; 16], Endpoint> = HashMap::pinned(MAX_ENDPOINTS, 0);
 
 /// This node's settings: one entry.
 #[map]

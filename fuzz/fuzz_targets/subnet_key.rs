@@ -12,6 +12,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(k) = parse_key(s) else {
         return;
     };
-    assert!(k.v4.is_some() || k.v6.is_some(), "{s}: a key names a subnet");
+    assert!(
+        k.v4.is_some() || k.v6.is_some(),
+        "{s}: a key names a subnet"
+    );
     assert_eq!(parse_key(&k.key()).expect("round trip"), k, "{s}");
 });

@@ -162,8 +162,8 @@ impl DualCluster {
             self.nodes
                 .iter()
                 .all(|n| {
-                    let mine = usize::from(n.subnets.v4.is_some())
-                        + usize::from(n.subnets.v6.is_some());
+                    let mine =
+                        usize::from(n.subnets.v4.is_some()) + usize::from(n.subnets.v6.is_some());
                     n.peers().len() == want - mine
                 })
                 .then_some(())
@@ -179,7 +179,11 @@ impl DualCluster {
                 let own4 = (!p.ip.is_unspecified()).then_some(IpAddr::from(p.ip));
                 let own6 = p.ip6.map(IpAddr::from);
                 for dst in &all {
-                    let has_family = if dst.is_ipv4() { own4.is_some() } else { own6.is_some() };
+                    let has_family = if dst.is_ipv4() {
+                        own4.is_some()
+                    } else {
+                        own6.is_some()
+                    };
                     if Some(*dst) == own4 || Some(*dst) == own6 || !has_family {
                         continue;
                     }

@@ -34,7 +34,9 @@ struct Pair {
 fn offloads_off(ns: &Netns, iface: &str) {
     ns.exec(
         "ethtool",
-        &["-K", iface, "tso", "off", "gso", "off", "tx", "off", "gro", "off"],
+        &[
+            "-K", iface, "tso", "off", "gso", "off", "tx", "off", "gro", "off",
+        ],
     )
     .unwrap();
 }
@@ -137,7 +139,6 @@ fn pair(wire_offloads: bool) -> Pair {
     }
 }
 
-
 #[test]
 fn interop_with_a_flannel_dual_stack_node() {
     let p = pair(true);
@@ -163,26 +164,25 @@ fn interop_with_a_flannel_dual_stack_node() {
 
 /// A UDP listener in `pod` on `port`: what arrives within 3 s, once the
 /// returned channel says it is bound.
-fn listen6(
-    pod: &weft_tests::cluster::Pod,
-    port: u16,
-) -> std::thread::JoinHandle<Vec<String>> {
+fn listen6(pod: &weft_tests::cluster::Pod, port: u16) -> std::thread::JoinHandle<Vec<String>> {
     let (tx, rx) = std::sync::mpsc::channel();
     let ip = pod.ip6.unwrap();
-    let h = pod
-        .ns
-        .spawn_thread(move || {
-            let s = std::net::UdpSocket::bind((ip, port)).unwrap();
-            s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
-                .unwrap();
-            tx.send(()).unwrap();
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = s.recv(&mut buf) {
-                got.push(String::from_utf8_lossy(&buf[..n]).trim_end_matches('.').to_string());
-            }
-            got
-        });
+    let h = pod.ns.spawn_thread(move || {
+        let s = std::net::UdpSocket::bind((ip, port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        tx.send(()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.recv(&mut buf) {
+            got.push(
+                String::from_utf8_lossy(&buf[..n])
+                    .trim_end_matches('.')
+                    .to_string(),
+            );
+        }
+        got
+    });
     rx.recv().unwrap();
     h
 }
@@ -228,12 +228,22 @@ sendp(frags("{peer}50", b"fragmented" + b"." * 900) + frags("{other}50", b"spoof
         .exec("/usr/bin/python3", &["-c", &script])
         .unwrap();
     let got = listener.join().unwrap();
-    assert_eq!(got, vec!["fragmented".to_string()], "only the honest packet arrived");
+    assert_eq!(
+        got,
+        vec!["fragmented".to_string()],
+        "only the honest packet arrived"
+    );
     // Reassembled by the kernel (by conntrack's defragmentation where
     // host routing has conntrack track flows, else by IPv6 itself), then
     // counted once, by weft_tunnel_rx.
-    assert_eq!(counters.get(Reason::Decapsulated).unwrap().packets, decap + 1);
-    assert_eq!(counters.get(Reason::DropSpoofed).unwrap().packets, spoofed + 1);
+    assert_eq!(
+        counters.get(Reason::Decapsulated).unwrap().packets,
+        decap + 1
+    );
+    assert_eq!(
+        counters.get(Reason::DropSpoofed).unwrap().packets,
+        spoofed + 1
+    );
 }
 
 /// The outer UDP checksum of every VXLAN-over-IPv6 packet in a capture:
@@ -258,7 +268,11 @@ fn outer_checksums(pcap: &str) -> (u64, u64, u64, u64) {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (mut n, mut bad, mut zero, mut largest) = (0, 0, 0, 0);
     for l in String::from_utf8_lossy(&out.stdout).lines() {
         let f: Vec<&str> = l.split('\t').collect();
@@ -313,11 +327,18 @@ fn segments_on_the_wire_carry_correct_outer_checksums() {
     }
     for (_, file) in &caps {
         let (n, bad, zero, largest) = outer_checksums(file.to_str().unwrap());
-        println!("{}: {n} VXLAN/IPv6 packets, {bad} bad checksums, {zero} zero, largest frame {largest}", file.display());
+        println!(
+            "{}: {n} VXLAN/IPv6 packets, {bad} bad checksums, {zero} zero, largest frame {largest}",
+            file.display()
+        );
         assert!(n > 1000, "{}: only {n} packets", file.display());
         assert_eq!(zero, 0, "{}: zero outer checksums", file.display());
         assert_eq!(bad, 0, "{}: bad outer checksums", file.display());
-        assert!(largest <= 1514, "{}: a {largest}-byte frame: not segmented", file.display());
+        assert!(
+            largest <= 1514,
+            "{}: a {largest}-byte frame: not segmented",
+            file.display()
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -330,12 +351,25 @@ fn hostile_ipv6_packets_are_dropped_and_counted() {
     p.underlay.plug(&attacker, "eth0", "198.18.0.66").unwrap();
     let evil6: Ipv6Addr = "fd00:18::66".parse().unwrap();
     attacker
-        .ip(&["-6", "addr", "add", &format!("{evil6}/64"), "dev", "eth0", "nodad"])
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{evil6}/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])
         .unwrap();
     let pod = &p.weft.pods[0];
     let pod6 = pod.ip6.unwrap();
     let counters = Counters::open(p.pins.pins()).unwrap();
-    let before: Vec<u64> = counters.all().unwrap().iter().map(|(_, v)| v.packets).collect();
+    let before: Vec<u64> = counters
+        .all()
+        .unwrap()
+        .iter()
+        .map(|(_, v)| v.packets)
+        .collect();
 
     let (tx, rx) = std::sync::mpsc::channel();
     let listener = pod.ns.spawn_thread(move || {
@@ -381,8 +415,17 @@ sendp(pkts, iface="eth0")
     );
     attacker.exec("/usr/bin/python3", &["-c", &script]).unwrap();
     let got = listener.join().unwrap();
-    assert_eq!(got, vec!["valid".to_string()], "only the valid packet reached the pod");
-    let after: Vec<u64> = counters.all().unwrap().iter().map(|(_, v)| v.packets).collect();
+    assert_eq!(
+        got,
+        vec!["valid".to_string()],
+        "only the valid packet reached the pod"
+    );
+    let after: Vec<u64> = counters
+        .all()
+        .unwrap()
+        .iter()
+        .map(|(_, v)| v.packets)
+        .collect();
     let delta = |r: Reason| after[r as usize] - before[r as usize];
     assert_eq!(delta(Reason::DropUnknownVtep), 1);
     assert_eq!(delta(Reason::DropWrongVni), 1);
@@ -401,10 +444,21 @@ sendp(pkts, iface="eth0")
     let out = pod
         .ns
         .command("ping")
-        .args(["-c", "1", "-W", "2", "-M", "do", "-s", "1440", &f6.to_string()])
+        .args([
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "-M",
+            "do",
+            "-s",
+            "1440",
+            &f6.to_string(),
+        ])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(
         text.to_lowercase().contains("mtu=1430") || text.contains("mtu = 1430"),
         "ICMPv6 Packet Too Big with the IPv6 overlay's MTU: {text}"

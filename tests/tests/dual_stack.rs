@@ -26,7 +26,10 @@ fn leases(c: &DualCluster) -> Vec<(String, LeaseAttrs)> {
         .chunks(2)
         .map(|kv| {
             let key = kv[0].strip_prefix(&format!("{PREFIX}/subnets/")).unwrap();
-            (key.to_string(), LeaseAttrs::parse(kv[1].as_bytes()).unwrap())
+            (
+                key.to_string(),
+                LeaseAttrs::parse(kv[1].as_bytes()).unwrap(),
+            )
         })
         .collect()
 }
@@ -55,7 +58,10 @@ fn a_dual_stack_cluster_reaches_every_pod_over_both_families() {
         // subnet.env with flannel's IPv6 lines; the MTU leaves room for
         // VXLAN over IPv6.
         let env = std::fs::read_to_string(n.agent.subnet_file()).unwrap();
-        assert!(env.contains("FLANNEL_IPV6_NETWORK=fd00:10:244::/56\n"), "{env}");
+        assert!(
+            env.contains("FLANNEL_IPV6_NETWORK=fd00:10:244::/56\n"),
+            "{env}"
+        );
         let v6 = n.subnets.v6.unwrap();
         assert!(
             env.contains(&format!("FLANNEL_IPV6_SUBNET={}1/64\n", v6.network())),
@@ -68,7 +74,11 @@ fn a_dual_stack_cluster_reaches_every_pod_over_both_families() {
             assert!(v6.contains(&p.ip6.expect("an IPv6 address")));
         }
         // IPv6 peers are routed through the IPv6 overlay device.
-        let routes = n.node.ns.ip(&["-6", "route", "show", "proto", "44"]).unwrap();
+        let routes = n
+            .node
+            .ns
+            .ip(&["-6", "route", "show", "proto", "44"])
+            .unwrap();
         assert_eq!(routes.lines().count(), 2, "{routes}");
         assert!(routes.contains("dev weft-v6.1"), "{routes}");
     }

@@ -111,7 +111,11 @@ async fn seed_scenario_for_a_dual_stack_lease() {
         .unwrap();
     // The file was seeded: wait for B's own write of it.
     b.wait_log_count("wrote the subnet file", 1, T).unwrap();
-    assert_eq!(b.subnets(), Some(sa), "B took the free subnets its file names");
+    assert_eq!(
+        b.subnets(),
+        Some(sa),
+        "B took the free subnets its file names"
+    );
     let before = leases(&mut c).await;
     let (_, b_value, b_version) = before.iter().find(|(k, _, _)| *k == key).unwrap().clone();
     assert!(b_value.contains("\"WeftNodeID\":\"node-b\""), "{b_value}");
@@ -124,7 +128,11 @@ async fn seed_scenario_for_a_dual_stack_lease() {
 
     let after = leases(&mut c).await;
     let (_, value, version) = after.iter().find(|(k, _, _)| *k == key).unwrap();
-    assert_eq!((value, *version), (&b_value, b_version), "B's key untouched");
+    assert_eq!(
+        (value, *version),
+        (&b_value, b_version),
+        "B's key untouched"
+    );
     assert_eq!(*version, 1);
     drop(b);
 }
@@ -204,7 +212,10 @@ async fn race_of_20_agents_on_an_ipv6_only_network() {
         assert!(k.starts_with("0.0.0.0-0&fd00:7:0:"), "{k}");
         assert_eq!(parse_key(k).unwrap().v4, None);
         let a = LeaseAttrs::parse(v.as_bytes()).unwrap();
-        assert!(a.public_ip.is_unspecified() && a.public_ipv6.is_some(), "{v}");
+        assert!(
+            a.public_ip.is_unspecified() && a.public_ipv6.is_some(),
+            "{v}"
+        );
     }
 }
 
@@ -221,16 +232,23 @@ async fn restart_keeps_both_subnets_and_a_clone_shares_neither() {
     assert_eq!(wait_subnets(&a), sa, "same subnets after a restart");
     assert_eq!(leases(&mut c).await.len(), 1);
 
-    let clone =
-        Agent::start_with_file("clone", None, &args(&etcd, "node-a-clone", 1, 600), &subnet_file(&sa))
-            .unwrap();
+    let clone = Agent::start_with_file(
+        "clone",
+        None,
+        &args(&etcd, "node-a-clone", 1, 600),
+        &subnet_file(&sa),
+    )
+    .unwrap();
     clone.wait_log_count("wrote the subnet file", 1, T).unwrap();
     let cs = clone.subnets().unwrap();
     assert!(cs.v4 != sa.v4 && cs.v6 != sa.v6, "{cs} vs {sa}");
     let keys = leases(&mut c).await;
     assert_eq!(keys.len(), 2);
     let (_, _, version) = keys.iter().find(|(k, _, _)| *k == sa.key()).unwrap();
-    assert_eq!(*version, 2, "A's key: written once, reclaimed once, never by the clone");
+    assert_eq!(
+        *version, 2,
+        "A's key: written once, reclaimed once, never by the clone"
+    );
     drop(clone);
 }
 
@@ -253,5 +271,9 @@ async fn a_flannel_dual_stack_lease_is_taken_over_in_place() {
     assert_eq!(s.key(), "10.5.77.0-24&fd00:5:0:3::-64");
     let keys = leases(&mut c).await;
     assert_eq!(keys.len(), 1);
-    assert!(keys[0].1.contains("\"WeftNodeID\":\"node-a\""), "{}", keys[0].1);
+    assert!(
+        keys[0].1.contains("\"WeftNodeID\":\"node-a\""),
+        "{}",
+        keys[0].1
+    );
 }

@@ -41,7 +41,10 @@ pub(crate) fn apply(uplink: &str, state_dir: &Path, ipv6: bool) -> Result<bool> 
         if ra == "1" {
             save(state_dir, &format!("net.ipv6.conf.{uplink}.accept_ra"), &ra)?;
             sysctl::write_iface("ipv6", uplink, "accept_ra", "2")?;
-            tracing::info!(uplink, "accept_ra=2 on the uplink, so it keeps taking router advertisements with forwarding on");
+            tracing::info!(
+                uplink,
+                "accept_ra=2 on the uplink, so it keeps taking router advertisements with forwarding on"
+            );
             changed = true;
         }
         let fwd = sysctl::read_iface("ipv6", "all", "forwarding")?;

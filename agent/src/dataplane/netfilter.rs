@@ -268,8 +268,12 @@ pub(crate) fn heal(spec: &NetfilterSpec) -> Result<Vec<&'static str>> {
         }
         if spec.forward_rules && nftables::has_chain(f, IPTABLES_TABLE, IPTABLES_FORWARD)? {
             let want = NetfilterSpec::forward_rules_list(n.network);
-            let have =
-                nftables::handles_with_comment(f, IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT)?;
+            let have = nftables::handles_with_comment(
+                f,
+                IPTABLES_TABLE,
+                IPTABLES_FORWARD,
+                FORWARD_COMMENT,
+            )?;
             if have.len() != want.len() {
                 nftables::replace_rules_in(
                     f,
@@ -293,7 +297,13 @@ fn remove_forward_rules(family: Family) -> Result<usize> {
     if !nftables::has_chain(family, IPTABLES_TABLE, IPTABLES_FORWARD)? {
         return Ok(0);
     }
-    nftables::replace_rules_in(family, IPTABLES_TABLE, IPTABLES_FORWARD, FORWARD_COMMENT, &[])
+    nftables::replace_rules_in(
+        family,
+        IPTABLES_TABLE,
+        IPTABLES_FORWARD,
+        FORWARD_COMMENT,
+        &[],
+    )
 }
 
 /// Removes everything Weft put into netfilter; returns what it removed.
@@ -307,7 +317,11 @@ pub(crate) fn remove() -> Result<Vec<String>> {
         if n > 0 {
             removed.push(format!(
                 "{n} rules from {}'s {IPTABLES_FORWARD} chain (\"{FORWARD_COMMENT}\")",
-                if family == Family::Ip { "iptables" } else { "ip6tables" }
+                if family == Family::Ip {
+                    "iptables"
+                } else {
+                    "ip6tables"
+                }
             ));
         }
     }
@@ -377,7 +391,9 @@ mod tests {
             matches!(rules[1].exprs[0], Expr::Addr { offset: 8, .. }),
             "ip6 saddr"
         );
-        assert!(matches!(rules[4].exprs[1], Expr::Addr { offset: 24, negate: true, net } if net.to_string() == "ff00::/8"));
+        assert!(
+            matches!(rules[4].exprs[1], Expr::Addr { offset: 24, negate: true, net } if net.to_string() == "ff00::/8")
+        );
         // IPv6-only: no IPv4 table.
         s.network = None;
         s.subnet = None;

@@ -403,9 +403,9 @@ pub(crate) fn remove_table(family: Family, name: &str) -> Result<bool> {
     match b.commit() {
         Ok(()) => Ok(true),
         Err(e) if is_enoent(&e) => Ok(false),
-        Err(e) => Err(e).with_context(|| {
-            format!("removing the nftables table {} {name}", family.name())
-        }),
+        Err(e) => {
+            Err(e).with_context(|| format!("removing the nftables table {} {name}", family.name()))
+        }
     }
 }
 

@@ -247,13 +247,15 @@ impl Overlay {
         // peers wait, reported, until that device is gone and healing
         // creates this one.
         let device6_index = match subnets.v6 {
-            Some(_) if spec.public_ipv6.is_some() => match ensure_device6(&nl, &spec, subnets, mtu6).await {
-                Ok(i) => Some(i),
-                Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), "no IPv6 overlay device yet; retrying");
-                    None
+            Some(_) if spec.public_ipv6.is_some() => {
+                match ensure_device6(&nl, &spec, subnets, mtu6).await {
+                    Ok(i) => Some(i),
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "no IPv6 overlay device yet; retrying");
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
         host::apply(&spec.uplink, &spec.state_dir, subnets.v6.is_some())?;
@@ -330,7 +332,8 @@ impl Overlay {
             let bypass = o.spec.host_routing != HostRouting::Legacy;
             let loaded = &mut o.loaded;
             off_runtime(move || -> Result<_> {
-                let (attachments, decap) = attach(loaded, &pins, &uplink_name, &devs, plan, bypass)?;
+                let (attachments, decap) =
+                    attach(loaded, &pins, &uplink_name, &devs, plan, bypass)?;
                 let logger = if loaded.traces_drops() {
                     Some(loaded.drop_logger()?)
                 } else {
@@ -691,7 +694,10 @@ impl Overlay {
     fn overlaps_own(&self, subnet: &IpNet) -> bool {
         match subnet {
             IpNet::V4(s) => self.subnets.v4.is_some_and(|o| crate::net::overlaps(s, &o)),
-            IpNet::V6(s) => self.subnets.v6.is_some_and(|o| o.contains(s) || s.contains(&o)),
+            IpNet::V6(s) => self
+                .subnets
+                .v6
+                .is_some_and(|o| o.contains(s) || s.contains(&o)),
         }
     }
 
@@ -701,7 +707,8 @@ impl Overlay {
         if peers.is_empty() {
             return Ok(());
         }
-        let (v4, v6): (Vec<Peer>, Vec<Peer>) = peers.iter().partition(|p| p.subnet.addr().is_ipv4());
+        let (v4, v6): (Vec<Peer>, Vec<Peer>) =
+            peers.iter().partition(|p| p.subnet.addr().is_ipv4());
         let src4 = self.subnets.v4.map(|s| s.network().into());
         let src6 = self.subnets.v6.map(|s| s.network().into());
         for (peers, src) in [(v4, src4), (v6, src6)] {
@@ -911,7 +918,11 @@ impl Overlay {
                         self.device6_index = Some(index);
                         if first {
                             tracing::info!(device = %dev, "the IPv6 overlay device is up");
-                        } else if recreate || link.as_ref().is_some_and(|l| !l.up || l.arp || l.mac != mac) {
+                        } else if recreate
+                            || link
+                                .as_ref()
+                                .is_some_and(|l| !l.up || l.arp || l.mac != mac)
+                        {
                             h.repairs.push("device");
                         }
                         // The IPv6 peers waiting for it get their routes now.
@@ -941,7 +952,12 @@ impl Overlay {
 
         // The programs.
         let detached = recreated
-            || self.devices().len() != self.attachments.iter().filter(|a| a.hook == Hook::TcEgress).count()
+            || self.devices().len()
+                != self
+                    .attachments
+                    .iter()
+                    .filter(|a| a.hook == Hook::TcEgress)
+                    .count()
             || {
                 let (loaded, attachments) = (&mut self.loaded, &self.attachments);
                 // XDP's check asks rtnetlink on a runtime of its own.
@@ -974,7 +990,11 @@ impl Overlay {
             h.repairs.push("programs");
         }
 
-        if host::apply(&self.spec.uplink, &self.spec.state_dir, self.subnets.v6.is_some())? {
+        if host::apply(
+            &self.spec.uplink,
+            &self.spec.state_dir,
+            self.subnets.v6.is_some(),
+        )? {
             h.repairs.push("sysctls");
         }
 
@@ -1049,7 +1069,8 @@ async fn ensure_device6(
     // No router advertisements on the overlay; its address is not
     // duplicate-checked (no ARP, no neighbour discovery).
     let _ = sysctl::write_iface("ipv6", &dev, "accept_ra", "0");
-    nl.ensure_only_address6(index, subnet.network(), 128).await?;
+    nl.ensure_only_address6(index, subnet.network(), 128)
+        .await?;
     Ok(index)
 }
 
@@ -1168,7 +1189,9 @@ fn overlay_mtu(spec: &DataplaneSpec, uplink_mtu: u32) -> u32 {
 /// IPv6 (flannel subtracts 50 for both, which leaves a full-size IPv6
 /// packet too big for the underlay).
 fn overlay_mtu6(spec: &DataplaneSpec, uplink_mtu: u32) -> u32 {
-    spec.underlay_mtu.unwrap_or(uplink_mtu).saturating_sub(VXLAN6_OVERHEAD)
+    spec.underlay_mtu
+        .unwrap_or(uplink_mtu)
+        .saturating_sub(VXLAN6_OVERHEAD)
 }
 
 /// The subnets the addresses of device `index` are on.

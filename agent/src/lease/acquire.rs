@@ -160,10 +160,7 @@ fn parse_listing(prefix: &str, listing: &Listing) -> Vec<Entry> {
         .kvs
         .iter()
         .map(|kv| Entry {
-            subnet: kv
-                .key
-                .strip_prefix(prefix)
-                .and_then(|s| parse_key(s).ok()),
+            subnet: kv.key.strip_prefix(prefix).and_then(|s| parse_key(s).ok()),
             attrs: LeaseAttrs::parse(&kv.value).ok(),
             kv: kv.clone(),
         })
@@ -311,7 +308,8 @@ impl Taken {
     }
 
     fn is_free4(&self, s: &Ipv4Net) -> bool {
-        !self.exact4.contains(&u32::from(s.network())) && !self.others4.iter().any(|o| overlaps(o, s))
+        !self.exact4.contains(&u32::from(s.network()))
+            && !self.others4.iter().any(|o| overlaps(o, s))
     }
 
     fn is_free6(&self, s: &Ipv6Net) -> bool {
@@ -383,8 +381,9 @@ fn preferred_fenced(cfg: &NetworkConfig, p: Subnets) -> Option<Subnets> {
 fn pool_extent(cfg: &NetworkConfig) -> (u64, IpAddr, IpAddr) {
     match (&cfg.ipv4, &cfg.ipv6) {
         (Some(p4), v6) => (
-            v6.as_ref()
-                .map_or(p4.subnet_count(), |p6| p4.subnet_count().min(p6.subnet_count())),
+            v6.as_ref().map_or(p4.subnet_count(), |p6| {
+                p4.subnet_count().min(p6.subnet_count())
+            }),
             p4.subnet_min.into(),
             p4.subnet_max.into(),
         ),
@@ -393,7 +392,11 @@ fn pool_extent(cfg: &NetworkConfig) -> (u64, IpAddr, IpAddr) {
             p6.subnet_min.into(),
             p6.subnet_max.into(),
         ),
-        (None, None) => (0, Ipv4Addr::UNSPECIFIED.into(), Ipv4Addr::UNSPECIFIED.into()),
+        (None, None) => (
+            0,
+            Ipv4Addr::UNSPECIFIED.into(),
+            Ipv4Addr::UNSPECIFIED.into(),
+        ),
     }
 }
 
@@ -756,7 +759,11 @@ mod tests {
 
     fn dual_plan(m: &Identity, preferred: Option<Subnets>, kvs: Vec<KeyValue>) -> Plan {
         let c = dual_cfg();
-        let v = value(m).with_v6("fd00:18::1".parse().unwrap(), 1, MacAddr([2, 0, 0, 0, 0, 9]));
+        let v = value(m).with_v6(
+            "fd00:18::1".parse().unwrap(),
+            1,
+            MacAddr([2, 0, 0, 0, 0, 9]),
+        );
         let req = AcquireRequest {
             subnets_prefix: "/p/subnets/",
             config: &c,
@@ -767,7 +774,13 @@ mod tests {
             lease_id: None,
         };
         let entries = parse_listing("/p/subnets/", &Listing { revision: 1, kvs });
-        plan(&req, &entries, None, &mut rand::rngs::StdRng::seed_from_u64(3)).0
+        plan(
+            &req,
+            &entries,
+            None,
+            &mut rand::rngs::StdRng::seed_from_u64(3),
+        )
+        .0
     }
 
     #[test]
@@ -783,7 +796,11 @@ mod tests {
         assert_eq!(s.v6, p6.nth(i), "{s}");
         assert_eq!(
             s.key(),
-            format!("{}-24&{}-64", s.v4.unwrap().network(), s.v6.unwrap().network())
+            format!(
+                "{}-24&{}-64",
+                s.v4.unwrap().network(),
+                s.v6.unwrap().network()
+            )
         );
 
         // A stale subnet file naming a pair no Weft node chooses: its IPv4
@@ -836,7 +853,8 @@ mod tests {
             public_ip: Ipv4Addr::UNSPECIFIED,
             public_ipv6: Some("fd00:18::1".parse().unwrap()),
         };
-        let v = LeaseAttrs::vxlan_v6_only(a.public_ipv6.unwrap(), 1, MacAddr([2, 0, 0, 0, 0, 1]), "a");
+        let v =
+            LeaseAttrs::vxlan_v6_only(a.public_ipv6.unwrap(), 1, MacAddr([2, 0, 0, 0, 0, 1]), "a");
         let req = AcquireRequest {
             subnets_prefix: "/p/subnets/",
             config: &c,
@@ -856,8 +874,19 @@ mod tests {
             version: 1,
             lease: 3,
         };
-        let entries = parse_listing("/p/subnets/", &Listing { revision: 1, kvs: vec![other] });
-        let (p, _) = plan(&req, &entries, None, &mut rand::rngs::StdRng::seed_from_u64(1));
+        let entries = parse_listing(
+            "/p/subnets/",
+            &Listing {
+                revision: 1,
+                kvs: vec![other],
+            },
+        );
+        let (p, _) = plan(
+            &req,
+            &entries,
+            None,
+            &mut rand::rngs::StdRng::seed_from_u64(1),
+        );
         let Plan::Create(s) = p else { panic!("{p:?}") };
         assert_eq!(s.v4, None);
         assert_ne!(s.v6, Some(first));

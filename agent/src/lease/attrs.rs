@@ -266,7 +266,8 @@ mod tests {
         let mac4 = "c6:d2:32:6f:8f:44".parse().unwrap();
         let mac6 = "c6:d2:32:6f:8f:46".parse().unwrap();
         let v6: Ipv6Addr = "fd00:64::3".parse().unwrap();
-        let dual = LeaseAttrs::vxlan(Ipv4Addr::new(192, 168, 64, 3), 1, mac4, "n").with_v6(v6, 1, mac6);
+        let dual =
+            LeaseAttrs::vxlan(Ipv4Addr::new(192, 168, 64, 3), 1, mac4, "n").with_v6(v6, 1, mac6);
         assert_eq!(
             dual.to_json().replace(r#","WeftNodeID":"n""#, ""),
             FLANNEL_DUAL
@@ -277,7 +278,10 @@ mod tests {
         assert_eq!(read.to_json(), FLANNEL_DUAL);
 
         let only = LeaseAttrs::vxlan_v6_only(v6, 1, mac6, "n");
-        assert_eq!(only.to_json().replace(r#","WeftNodeID":"n""#, ""), FLANNEL_V6);
+        assert_eq!(
+            only.to_json().replace(r#","WeftNodeID":"n""#, ""),
+            FLANNEL_V6
+        );
         assert!(only.vxlan_data().is_err(), "no IPv4 VTEP");
         assert_eq!(only.node_addr(), IpAddr::V6(v6));
         assert!(only.names("n", IpAddr::V6(v6)));

@@ -696,7 +696,11 @@ mod tests {
         assert!(c.ipv4.is_some());
         let v6 = c.ipv6.clone().unwrap();
         assert_eq!(v6.subnet_len, 64);
-        assert_eq!(v6.subnet_min.to_string(), "fd00:10:244:1::", "the first is skipped");
+        assert_eq!(
+            v6.subnet_min.to_string(),
+            "fd00:10:244:1::",
+            "the first is skipped"
+        );
         assert_eq!(v6.subnet_max.to_string(), "fd00:10:244:ff::");
         assert_eq!(v6.subnet_count(), 255);
         assert_eq!(v6.nth(0).unwrap().to_string(), "fd00:10:244:1::/64");
@@ -736,11 +740,26 @@ mod tests {
             (r#""IPv6Network":"fd00::1/56""#, "IPv6Network"),
             (r#""IPv6Network":"10.0.0.0/8""#, "IPv6Network"),
             (r#""IPv6Network":"fd00::/125""#, "IPv6Network"),
-            (r#""IPv6Network":"fd00::/56","IPv6SubnetLen":127"#, "IPv6SubnetLen"),
-            (r#""IPv6Network":"fd00::/56","IPv6SubnetLen":57"#, "IPv6SubnetLen"),
-            (r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd01::""#, "IPv6SubnetMin"),
-            (r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd00::1""#, "IPv6SubnetMin"),
-            (r#""IPv6Network":"fd00::/56","IPv6SubnetMax":"10.0.0.1""#, "IPv6SubnetMax"),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetLen":127"#,
+                "IPv6SubnetLen",
+            ),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetLen":57"#,
+                "IPv6SubnetLen",
+            ),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd01::""#,
+                "IPv6SubnetMin",
+            ),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd00::1""#,
+                "IPv6SubnetMin",
+            ),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetMax":"10.0.0.1""#,
+                "IPv6SubnetMax",
+            ),
             (
                 r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd00:0:0:9::","IPv6SubnetMax":"fd00:0:0:3::""#,
                 "IPv6SubnetMin",

@@ -16,8 +16,8 @@ use super::{
     attrs::LeaseAttrs,
     config::NetworkConfig,
     etcd::EtcdStore,
-    key::Subnets,
     keeper::{self, KeeperConfig},
+    key::Subnets,
     store::Store as _,
 };
 use crate::{backoff::Backoff, metrics::Metrics};

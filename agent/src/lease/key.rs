@@ -32,7 +32,9 @@ impl Subnets {
 
     /// The key suffix flannel writes for these subnets.
     pub fn key(&self) -> String {
-        let v4 = self.v4.map_or_else(|| "0.0.0.0-0".to_string(), |s| to_key(&s));
+        let v4 = self
+            .v4
+            .map_or_else(|| "0.0.0.0-0".to_string(), |s| to_key(&s));
         match self.v6 {
             None => v4,
             Some(s) => format!("{v4}&{}-{}", s.network(), s.prefix_len()),
@@ -41,8 +43,10 @@ impl Subnets {
 
     /// Whether any subnet of one overlaps the other's of the same family.
     pub fn overlaps(&self, other: &Subnets) -> bool {
-        let v4 = matches!((self.v4, other.v4), (Some(a), Some(b)) if a.contains(&b) || b.contains(&a));
-        let v6 = matches!((self.v6, other.v6), (Some(a), Some(b)) if a.contains(&b) || b.contains(&a));
+        let v4 =
+            matches!((self.v4, other.v4), (Some(a), Some(b)) if a.contains(&b) || b.contains(&a));
+        let v6 =
+            matches!((self.v6, other.v6), (Some(a), Some(b)) if a.contains(&b) || b.contains(&a));
         v4 || v6
     }
 }

@@ -39,7 +39,9 @@ mod watch;
 pub use attrs::{AttrsError, LeaseAttrs, VxlanData};
 pub use config::{ConfigError, Ipv4Pool, Ipv6Pool, NetworkConfig};
 pub use key::{KeyError, Subnets, parse_key, to_key};
-pub use subnet_file::{EnvFamily, SubnetEnv, SubnetEnvError, first_host, first_host6, parse_subnet_env};
+pub use subnet_file::{
+    EnvFamily, SubnetEnv, SubnetEnvError, first_host, first_host6, parse_subnet_env,
+};
 
 #[cfg(feature = "agent")]
 pub use acquire::{AcquireError, AcquireRequest, AcquireStats, HeldLease, Identity, acquire};

@@ -135,9 +135,9 @@ impl SubnetEnv {
             Some(subnet) => {
                 let network = value("FLANNEL_NETWORK")
                     .ok_or(SubnetEnvError::MissingKey("FLANNEL_NETWORK"))?;
-                let network: Ipv4Net = network.parse().map_err(|_| {
-                    SubnetEnvError::Malformed(format!("FLANNEL_NETWORK={network}"))
-                })?;
+                let network: Ipv4Net = network
+                    .parse()
+                    .map_err(|_| SubnetEnvError::Malformed(format!("FLANNEL_NETWORK={network}")))?;
                 Some(EnvFamily { network, subnet })
             }
         };

@@ -93,18 +93,25 @@ impl fmt::Display for Rejection {
             Rejection::Vni(v) => write!(f, "VNI {v} is not this network's"),
             Rejection::BackendData(e) => write!(f, "{e}"),
             Rejection::OutsideNetwork => {
-                write!(f, "the subnet is outside the network (or of a family it does not have)")
+                write!(
+                    f,
+                    "the subnet is outside the network (or of a family it does not have)"
+                )
             }
             Rejection::SubnetLen(l) => {
                 write!(f, "prefix length /{l} is not the network's SubnetLen")
             }
             Rejection::OverlapsOwn => write!(f, "the subnet overlaps this node's own subnet"),
             Rejection::OverlapsPeer(k) => write!(f, "the subnet overlaps the older lease {k}"),
-            Rejection::PublicIp(ip) => write!(f, "{} {ip} is not a unicast node address", field(ip)),
+            Rejection::PublicIp(ip) => {
+                write!(f, "{} {ip} is not a unicast node address", field(ip))
+            }
             Rejection::PublicIpInNetwork(ip) => {
                 write!(f, "{} {ip} lies inside the pod network", field(ip))
             }
-            Rejection::PublicIpOurs(ip) => write!(f, "{} {ip} is this node's own address", field(ip)),
+            Rejection::PublicIpOurs(ip) => {
+                write!(f, "{} {ip} is this node's own address", field(ip))
+            }
             Rejection::PublicIpTaken(k) => {
                 write!(f, "PublicIP belongs to another node's older lease {k}")
             }
@@ -115,7 +122,11 @@ impl fmt::Display for Rejection {
 
 /// The lease field an address comes from.
 fn field(ip: &IpAddr) -> &'static str {
-    if ip.is_ipv4() { "PublicIP" } else { "PublicIPv6" }
+    if ip.is_ipv4() {
+        "PublicIP"
+    } else {
+        "PublicIPv6"
+    }
 }
 
 /// Whether `ip` can be a node's address: unicast, not loopback, not
@@ -358,32 +369,91 @@ mod tests {
         assert_eq!(p[1].vtep.to_string(), "fd00:18::2");
         assert_eq!(p[1].mac.to_string(), "02:00:00:00:00:03");
         // A flannel node without IPv6 in a dual-stack network: its IPv4 half.
-        let p = check(&v4("10.5.4.0/24"), &lease("198.18.0.4", "02:00:00:00:00:04", 7), &c, Some(&m)).unwrap();
+        let p = check(
+            &v4("10.5.4.0/24"),
+            &lease("198.18.0.4", "02:00:00:00:00:04", 7),
+            &c,
+            Some(&m),
+        )
+        .unwrap();
         assert_eq!(p.len(), 1);
 
         let cases: Vec<(Subnets, LeaseAttrs, &str)> = vec![
-            (key("10.5.3.0-24&fd01::-64"), good.clone(), "outside_network"),
-            (key("10.5.3.0-24&fd00:5:0:3::-65"), good.clone(), "subnet_len"),
-            (both, lease6("198.18.0.2", "::1", "02:00:00:00:00:03", 7), "public_ip"),
-            (both, lease6("198.18.0.2", "ff02::1", "02:00:00:00:00:03", 7), "public_ip"),
-            (both, lease6("198.18.0.2", "fe80::1", "02:00:00:00:00:03", 7), "public_ip"),
-            (both, lease6("198.18.0.2", "::ffff:198.18.0.2", "02:00:00:00:00:03", 7), "public_ip"),
-            (both, lease6("198.18.0.2", "fd00:5::9", "02:00:00:00:00:03", 7), "public_ip_in_network"),
-            (both, lease6("198.18.0.2", "fd00:18::1", "02:00:00:00:00:03", 7), "public_ip_ours"),
-            (both, lease6("198.18.0.2", "fd00:18::2", "33:33:00:00:00:01", 7), "vtep_mac"),
-            (both, lease6("198.18.0.2", "fd00:18::2", "02:00:00:00:00:03", 8), "vni"),
-            (both, good.clone().tap(|a| a.backend_v6_data = None), "backend_data"),
-            (both, good.clone().tap(|a| a.public_ipv6 = None), "backend_data"),
+            (
+                key("10.5.3.0-24&fd01::-64"),
+                good.clone(),
+                "outside_network",
+            ),
+            (
+                key("10.5.3.0-24&fd00:5:0:3::-65"),
+                good.clone(),
+                "subnet_len",
+            ),
+            (
+                both,
+                lease6("198.18.0.2", "::1", "02:00:00:00:00:03", 7),
+                "public_ip",
+            ),
+            (
+                both,
+                lease6("198.18.0.2", "ff02::1", "02:00:00:00:00:03", 7),
+                "public_ip",
+            ),
+            (
+                both,
+                lease6("198.18.0.2", "fe80::1", "02:00:00:00:00:03", 7),
+                "public_ip",
+            ),
+            (
+                both,
+                lease6("198.18.0.2", "::ffff:198.18.0.2", "02:00:00:00:00:03", 7),
+                "public_ip",
+            ),
+            (
+                both,
+                lease6("198.18.0.2", "fd00:5::9", "02:00:00:00:00:03", 7),
+                "public_ip_in_network",
+            ),
+            (
+                both,
+                lease6("198.18.0.2", "fd00:18::1", "02:00:00:00:00:03", 7),
+                "public_ip_ours",
+            ),
+            (
+                both,
+                lease6("198.18.0.2", "fd00:18::2", "33:33:00:00:00:01", 7),
+                "vtep_mac",
+            ),
+            (
+                both,
+                lease6("198.18.0.2", "fd00:18::2", "02:00:00:00:00:03", 8),
+                "vni",
+            ),
+            (
+                both,
+                good.clone().tap(|a| a.backend_v6_data = None),
+                "backend_data",
+            ),
+            (
+                both,
+                good.clone().tap(|a| a.public_ipv6 = None),
+                "backend_data",
+            ),
         ];
         for (subnet, attrs, want) in cases {
             let got = check(&subnet, &attrs, &c, Some(&m)).unwrap_err();
             assert_eq!(got.name(), want, "{subnet} {attrs:?}: {got}");
         }
         assert!(
-            check(&both, &lease6("198.18.0.2", "ff02::1", "02:00:00:00:00:03", 7), &c, Some(&m))
-                .unwrap_err()
-                .to_string()
-                .contains("PublicIPv6 ff02::1")
+            check(
+                &both,
+                &lease6("198.18.0.2", "ff02::1", "02:00:00:00:00:03", 7),
+                &c,
+                Some(&m)
+            )
+            .unwrap_err()
+            .to_string()
+            .contains("PublicIPv6 ff02::1")
         );
     }
 

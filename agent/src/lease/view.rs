@@ -102,7 +102,10 @@ impl LeaseView {
                     if self.is_own_key(&l.key) && !self.is_ours(&l) {
                         out.lost = Some(format!(
                             "our key {} now belongs to {} (node {:?}, lease {:x})",
-                            l.key, l.attrs.node_addr(), l.attrs.node_id, l.lease_id
+                            l.key,
+                            l.attrs.node_addr(),
+                            l.attrs.node_id,
+                            l.lease_id
                         ));
                     }
                     self.leases.insert(l.key.clone(), l);
@@ -325,7 +328,9 @@ mod tests {
         ]);
         assert_eq!(o.lost, None);
         assert_eq!(o.synced, Some(4));
-        assert!(matches!(o.updates.as_slice(), [PeerUpdate::Upsert(p)] if Some(p.subnet) == peer.subnet.v4.map(IpNet::V4)));
+        assert!(
+            matches!(o.updates.as_slice(), [PeerUpdate::Upsert(p)] if Some(p.subnet) == peer.subnet.v4.map(IpNet::V4))
+        );
 
         // Node b takes our key after our lease expired.
         let mut taken = lease("10.5.1.0/24", [198, 18, 0, 2], "b", 9);

@@ -21,7 +21,6 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use etcd_client::{EventType, WatchOptions};
 use tokio::sync::{Notify, mpsc};
 
-
 use super::{
     attrs::LeaseAttrs,
     etcd::{EtcdStore, store_error, to_kv},

@@ -100,13 +100,19 @@ pub async fn run(args: &[String]) -> Result<()> {
                 let t0 = Instant::now();
                 rt.block_on(client.put(key.as_str(), lease_json(ip1, k as u16), None))?;
                 lat.push(wait_all(&maps, t0, limit, |m| {
-                    m.get(&s.into()).ok().flatten().is_some_and(|p| p.vtep == ip1)
+                    m.get(&s.into())
+                        .ok()
+                        .flatten()
+                        .is_some_and(|p| p.vtep == ip1)
                 })?);
                 // Changed: new PublicIP and VtepMAC.
                 let t0 = Instant::now();
                 rt.block_on(client.put(key.as_str(), lease_json(ip2, k as u16 + 1), None))?;
                 lat.push(wait_all(&maps, t0, limit, |m| {
-                    m.get(&s.into()).ok().flatten().is_some_and(|p| p.vtep == ip2)
+                    m.get(&s.into())
+                        .ok()
+                        .flatten()
+                        .is_some_and(|p| p.vtep == ip2)
                 })?);
                 // Removed.
                 let t0 = Instant::now();

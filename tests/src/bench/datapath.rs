@@ -21,19 +21,29 @@
 //! clients at once, because iperf3 before 3.16 runs all the streams of
 //! `-P 4` on one thread), `udp64_pps` (64-byte UDP payloads received per
 //! second), `rr_p50_us`, `rr_p99_us` (TCP request/response round trip,
-//! sockperf ping-pong over TCP). Reported: medians over rounds, the ratio
-//! of medians against the baselines, and each round's ratios.
+//! sockperf ping-pong over TCP); and over IPv6 between IPv6 VTEPs (the
+//! pods and nodes are dual-stack): `tcp6_gbps`, `udp64_pps6`, `rr6_p50_us`,
+//! `rr6_p99_us` (for `kernel_vxlan`, flannel's `flannel-v6.1` device; the
+//! IPv6 round trips are timed by the benchmark's own TCP ping-pong, as the
+//! sockperf of these machines has no IPv6).
+//! Reported: medians over rounds, the ratio of medians against the
+//! baselines, and each round's ratios.
 
-use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 use weft::dataplane::{HostRouting, XdpMode};
 
 use crate::{
-    cluster::{Node, flannel_device, flannel_peer},
+    cluster::{Node, flannel_device, flannel_device6, flannel_peer, flannel_peer6},
+    dual::underlay6,
     netns::{Netns, veth},
-    overlay::{install, peer, spec, subnet_of, with_overlay},
+    overlay::{install, peer, peer6, spec, subnet_of, subnet6_of, with_ipv6, with_overlay},
     pins::TestPins,
 };
 
@@ -57,12 +67,16 @@ const GOALS: [(&str, &str, f64, bool); 6] = [
     ("rr_p99_us", "kernel_vxlan", 0.90, false),
 ];
 
-const METRICS: [&str; 5] = [
+const METRICS: [&str; 9] = [
     "tcp_gbps",
     "tcp4_gbps",
     "udp64_pps",
     "rr_p50_us",
     "rr_p99_us",
+    "tcp6_gbps",
+    "udp64_pps6",
+    "rr6_p50_us",
+    "rr6_p99_us",
 ];
 
 pub async fn run(args: &[String]) -> Result<()> {
@@ -88,6 +102,10 @@ pub async fn run(args: &[String]) -> Result<()> {
             eprintln!(
                 "  tcp {:.2} Gbit/s, tcp x4 {:.2} Gbit/s, udp64 {:.0} pps, rr p50 {:.1} us p99 {:.1} us",
                 m[0], m[1], m[2], m[3], m[4]
+            );
+            eprintln!(
+                "  IPv6: tcp {:.2} Gbit/s, udp64 {:.0} pps, rr p50 {:.1} us p99 {:.1} us",
+                m[5], m[6], m[7], m[8]
             );
             let entry = samples.entry(cfg.clone()).or_default();
             for (i, name) in METRICS.iter().enumerate() {
@@ -185,14 +203,34 @@ pub async fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Builds the topology for `cfg`, measures, and tears it down.
-fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
+/// The pods' network on node `n`: both families, as flannel's plugin
+/// writes it for a dual-stack network.
+fn dual_net(n: &Node, mtu: u32) -> crate::cni::ConfList {
+    crate::cni::flannel_like_dual(
+        (subnet_of(n.index), subnet6_of(n.index)),
+        (
+            "10.244.0.0/16".parse().expect("a network"),
+            "fd00:10:244::/56".parse().expect("a network"),
+        ),
+        mtu,
+        &n.ipam_dir,
+    )
+}
+
+/// Builds the topology for `cfg` (dual-stack: pods have an address of each
+/// family), measures IPv4 and IPv6, and tears it down.
+fn measure(cfg: &str, secs: u64) -> Result<[f64; 9]> {
     let (n1, n2) = direct_pair()?;
     let mut nodes = [n1, n2];
+    // The pods' MTU is flannel's (1450) in every overlay configuration, so
+    // IPv4 compares at one MTU; over IPv6 both overlay devices carry 1430
+    // and path MTU discovery brings both configurations' flows down to it
+    // alike (a Weft dual-stack node's subnet.env says 1430 from the start).
     let mtu = if cfg == "route" { 1500 } else { 1450 };
     if !cfg.starts_with("weft") {
         for n in nodes.iter_mut() {
-            n.pods_for(subnet_of(n.index), 1, mtu)?;
+            n.cni = Some(dual_net(n, mtu));
+            n.add_pod()?;
         }
     }
     let mut weft_pins: Vec<TestPins> = Vec::new();
@@ -201,12 +239,21 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
             for (a, b) in [(0, 1), (1, 0)] {
                 let (n, o) = (&nodes[a], &nodes[b]);
                 n.ns.sysctl("net.ipv4.ip_forward", "1")?;
+                n.ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
                 n.ns.ip(&[
                     "route",
                     "add",
                     &subnet_of(o.index).to_string(),
                     "via",
                     &o.ip.to_string(),
+                ])?;
+                n.ns.ip(&[
+                    "-6",
+                    "route",
+                    "add",
+                    &subnet6_of(o.index).to_string(),
+                    "via",
+                    &underlay6(o.index).to_string(),
                 ])?;
             }
         }
@@ -215,8 +262,14 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
                 flannel_device(&nodes[0], subnet_of(1))?,
                 flannel_device(&nodes[1], subnet_of(2))?,
             ];
+            let macs6 = [
+                flannel_device6(&nodes[0], underlay6(1), subnet6_of(1))?,
+                flannel_device6(&nodes[1], underlay6(2), subnet6_of(2))?,
+            ];
             for (a, b) in [(0, 1), (1, 0)] {
-                flannel_peer(&nodes[a], subnet_of(nodes[b].index), nodes[b].ip, macs[b])?;
+                let o = nodes[b].index;
+                flannel_peer(&nodes[a], subnet_of(o), nodes[b].ip, macs[b])?;
+                flannel_peer6(&nodes[a], subnet6_of(o), underlay6(o), macs6[b])?;
             }
         }
         "weft" | "weft_bpf" | "weft_legacy" | "weft_xdp" => {
@@ -227,19 +280,31 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
                 _ => (XdpMode::Native, HostRouting::Auto),
             };
             let pins = vec![TestPins::new(), TestPins::new()];
+            let setup = |n: &Node, pins: &TestPins| {
+                let mut s = with_ipv6(
+                    spec(n, subnet_of(n.index), pins, mode),
+                    underlay6(n.index),
+                    subnet6_of(n.index),
+                );
+                s.spec.host_routing = routing;
+                s
+            };
             for (a, b) in [(0, 1), (1, 0)] {
                 let (n, o) = (&nodes[a], &nodes[b]);
-                let mut s = spec(n, subnet_of(n.index), &pins[a], mode);
-                s.spec.host_routing = routing;
-                install(n, s, vec![peer(o, subnet_of(o.index))])?;
+                let peers = vec![
+                    peer(o, subnet_of(o.index)),
+                    peer6(o, underlay6(o.index), subnet6_of(o.index)),
+                ];
+                install(n, setup(n, &pins[a]), peers)?;
             }
             // The pods, attached with Weft's plugin chained; then the
             // endpoints it registered are programmed, as the agent does.
             for (a, n) in nodes.iter_mut().enumerate() {
-                n.use_subnet_weft(subnet_of(n.index), mtu, &pins[a].state_dir());
+                let mut net = dual_net(n, mtu);
+                crate::cni::chain_weft(&mut net, &pins[a].state_dir());
+                n.cni = Some(net);
                 n.add_pod()?;
-                let mut s = spec(n, subnet_of(n.index), &pins[a], mode);
-                s.spec.host_routing = routing;
+                let s = setup(n, &pins[a]);
                 let state = pins[a].state_dir();
                 with_overlay(n, s, async move |o| {
                     o.sync_endpoints(&weft::endpoint_records(&state)).await
@@ -251,7 +316,8 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
     }
     let client = &nodes[0].pods[0].ns;
     let server = &nodes[1].pods[0];
-    if !crate::cluster::ping(client, server.ip, 3) {
+    let server6 = server.ip6.context("the server pod has no IPv6 address")?;
+    if !crate::cluster::ping(client, server.ip, 3) || !crate::cluster::ping(client, server6, 3) {
         bail!("{cfg}: the pods cannot reach each other");
     }
     // One iperf3 server per stream: iperf3 before 3.16 serves all the
@@ -267,6 +333,7 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
         "sockperf",
         &["sr", "--tcp", "-i", &server.ip.to_string(), "-p", "11111"],
     )?;
+
     std::thread::sleep(Duration::from_millis(500));
     // `WEFT_BENCH_PERF=DIR`: a system-wide profile of the TCP measurement
     // with `WEFT_BENCH_PERF_STREAMS` streams (1 or 4, default 1), per
@@ -305,9 +372,13 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 5]> {
             100.0 * fast / all.max(1.0)
         );
     }
-    let udp = iperf_udp64(client, server.ip, secs)?;
+    let udp = iperf_udp64(client, server.ip.into(), secs)?;
     let (p50, p99) = rr(client, server.ip, secs)?;
-    Ok([tcp, tcp4, udp, p50, p99])
+    // The same over IPv6.
+    let tcp6 = iperf_tcp(client, server6, 1, secs)?;
+    let udp6 = iperf_udp64(client, server6.into(), secs)?;
+    let (p50_6, p99_6) = tcp_rr(client, &server.ns, server6.into(), secs)?;
+    Ok([tcp, tcp4, udp, p50, p99, tcp6, udp6, p50_6, p99_6])
 }
 
 /// (fast path, host stack) packets sent by the first node's programs.
@@ -330,10 +401,23 @@ fn direct_pair() -> Result<(Node, Node)> {
             Ipv4Addr::new(198, 18, 0, i),
         ))
     };
-    let (a, b) = (mk(1)?, mk(2)?);
+    let (mut a, mut b) = (mk(1)?, mk(2)?);
     veth(&a.ns, "eth0", &b.ns, "eth0")?;
-    a.ns.ip(&["addr", "add", "198.18.0.1/24", "dev", "eth0"])?;
-    b.ns.ip(&["addr", "add", "198.18.0.2/24", "dev", "eth0"])?;
+    for n in [&mut a, &mut b] {
+        let i = n.index;
+        n.ns.enable_ipv6()?;
+        n.ipv6 = true;
+        n.ns.ip(&["addr", "add", &format!("198.18.0.{i}/24"), "dev", "eth0"])?;
+        n.ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{}/64", underlay6(i)),
+            "dev",
+            "eth0",
+            "nodad",
+        ])?;
+    }
     Ok((a, b))
 }
 
@@ -348,7 +432,13 @@ fn iperf_json(ns: &Netns, args: &[&str]) -> Result<Value> {
 
 /// TCP throughput from `client` to `ip` in Gbit/s: `streams` iperf3
 /// clients at once, one stream each, to servers on ports 5201 and up.
-pub(crate) fn iperf_tcp(client: &Netns, ip: Ipv4Addr, streams: u32, secs: u64) -> Result<f64> {
+pub(crate) fn iperf_tcp(
+    client: &Netns,
+    ip: impl Into<IpAddr>,
+    streams: u32,
+    secs: u64,
+) -> Result<f64> {
+    let ip: IpAddr = ip.into();
     let runs: Vec<_> = (0..streams)
         .map(|i| {
             client
@@ -382,7 +472,7 @@ pub(crate) fn iperf_tcp(client: &Netns, ip: Ipv4Addr, streams: u32, secs: u64) -
     Ok(bps / 1e9)
 }
 
-fn iperf_udp64(client: &Netns, ip: Ipv4Addr, secs: u64) -> Result<f64> {
+fn iperf_udp64(client: &Netns, ip: IpAddr, secs: u64) -> Result<f64> {
     let v = iperf_json(
         client,
         &[
@@ -406,7 +496,56 @@ fn iperf_udp64(client: &Netns, ip: Ipv4Addr, secs: u64) -> Result<f64> {
     Ok((packets - lost) / seconds)
 }
 
-pub(crate) fn rr(client: &Netns, ip: Ipv4Addr, secs: u64) -> Result<(f64, f64)> {
+/// TCP request/response round trips of 64 bytes from `client` to a server
+/// in `server_ns` at `ip`, for `secs`: (p50, p99) in microseconds. Used over
+/// IPv6, which the sockperf of the test machines (3.7) does not speak.
+fn tcp_rr(client: &Netns, server_ns: &Netns, ip: IpAddr, secs: u64) -> Result<(f64, f64)> {
+    use std::io::{Read as _, Write as _};
+    const PORT: u16 = 11112;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = server_ns.spawn_thread(move || -> Result<()> {
+        let l = std::net::TcpListener::bind((ip, PORT))?;
+        ready_tx.send(()).ok();
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = [0u8; 64];
+        while s.read_exact(&mut buf).is_ok() {
+            s.write_all(&buf)?;
+        }
+        Ok(())
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .context("the request/response server did not start")?;
+    let rtts = client
+        .spawn_thread(move || -> Result<Vec<f64>> {
+            let mut s = std::net::TcpStream::connect((ip, PORT))?;
+            s.set_nodelay(true)?;
+            let mut buf = [7u8; 64];
+            let mut out = Vec::new();
+            let until = std::time::Instant::now() + Duration::from_secs(secs);
+            while std::time::Instant::now() < until {
+                let t = std::time::Instant::now();
+                s.write_all(&buf)?;
+                s.read_exact(&mut buf)?;
+                out.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok(out)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the request/response client panicked"))??;
+    let _ = srv.join();
+    let mut v = rtts;
+    if v.is_empty() {
+        bail!("no round trip completed");
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+    Ok((at(0.5), at(0.99)))
+}
+
+pub(crate) fn rr(client: &Netns, ip: impl Into<IpAddr>, secs: u64) -> Result<(f64, f64)> {
+    let ip: IpAddr = ip.into();
     let out = client
         .command("sockperf")
         .args([
