@@ -104,7 +104,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     let uplink_mtu = uplink.as_ref().map_or(1500, |l| l.mtu);
     tracing::info!(
         node_id,
-        public_ip = ?public_ip,
+        public_ip = %public_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
         uplink = uplink.as_ref().map_or("-", |l| l.name.as_str()),
         datapath = ?args.datapath,
         version = env!("CARGO_PKG_VERSION"),

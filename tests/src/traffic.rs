@@ -251,6 +251,26 @@ pub fn udp_seen_source(
     port: u16,
     sender: &Netns,
 ) -> Option<Ipv4Addr> {
+    match seen_source(receiver, to.into(), port, sender)? {
+        IpAddr::V4(a) => Some(a),
+        IpAddr::V6(_) => None,
+    }
+}
+
+/// [`udp_seen_source`] over IPv6.
+pub fn udp_seen_source6(
+    receiver: &Netns,
+    to: Ipv6Addr,
+    port: u16,
+    sender: &Netns,
+) -> Option<Ipv6Addr> {
+    match seen_source(receiver, to.into(), port, sender)? {
+        IpAddr::V6(a) => Some(a),
+        IpAddr::V4(_) => None,
+    }
+}
+
+fn seen_source(receiver: &Netns, to: IpAddr, port: u16, sender: &Netns) -> Option<IpAddr> {
     let (ready_tx, ready_rx) = mpsc::channel();
     let srv = receiver.spawn_thread(move || {
         let s = UdpSocket::bind((to, port)).expect("bind");
@@ -259,15 +279,17 @@ pub fn udp_seen_source(
         let mut buf = [0u8; 64];
         let (_, from) = s.recv_from(&mut buf).ok()?;
         s.send_to(b"pong", from).ok()?;
-        match from {
-            SocketAddr::V4(a) => Some(*a.ip()),
-            SocketAddr::V6(_) => None,
-        }
+        Some(from.ip())
     });
     ready_rx.recv_timeout(Duration::from_secs(5)).ok()?;
     let answered = sender
         .run(move || {
-            let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("bind");
+            let any: IpAddr = if to.is_ipv4() {
+                Ipv4Addr::UNSPECIFIED.into()
+            } else {
+                Ipv6Addr::UNSPECIFIED.into()
+            };
+            let s = UdpSocket::bind((any, 0)).expect("bind");
             s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
             s.send_to(b"ping", (to, port)).ok()?;
             let mut buf = [0u8; 16];

@@ -9,7 +9,8 @@ use dataplane_common::Reason;
 use weft::lease::{LeaseAttrs, parse_key};
 use weft_tests::{
     dual::{DUAL, DualCluster, V6_ONLY, underlay6},
-    traffic::tcp_transfer,
+    netns::Netns,
+    traffic::{tcp_transfer, udp_seen_source, udp_seen_source6},
     weft_cluster::PREFIX,
 };
 
@@ -153,4 +154,52 @@ fn an_ipv6_only_cluster() {
     // A third node's subnet is distinct from the others'.
     let v6: Vec<_> = c.nodes.iter().map(|n| n.subnets.v6.unwrap()).collect();
     assert!(v6[0] != v6[1] && v6[1] != v6[2] && v6[0] != v6[2], "{v6:?}");
+}
+
+/// With `--ip-masq` on a dual-stack network, pods reach an IPv6 host
+/// outside the cluster's networks as their node (table `ip6 weft`, as
+/// flannel's ip6tables rules), and each other as themselves, over both
+/// families.
+#[test]
+fn masquerade_applies_to_ipv6_too() {
+    let c = DualCluster::new(2, DUAL, &["--ip-masq"]).unwrap();
+    c.wait_meshed(T);
+    let out = Netns::new("wo").unwrap();
+    out.enable_ipv6().unwrap();
+    c.underlay.plug(&out, "eth0", "198.18.0.200").unwrap();
+    let outside6: std::net::Ipv6Addr = "fd00:18::c8".parse().unwrap();
+    out.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{outside6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ])
+    .unwrap();
+    let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
+    let (p1, p2) = (&n1.node.pods[0], &n2.node.pods[0]);
+    let table = n1
+        .node
+        .ns
+        .exec("nft", &["list", "table", "ip6", "weft"])
+        .unwrap();
+    assert!(table.contains("masquerade"), "{table}");
+
+    assert_eq!(
+        udp_seen_source6(&out, outside6, 7000, &p1.ns),
+        Some(n1.ip6),
+        "the outside sees the node's IPv6 address"
+    );
+    assert_eq!(
+        udp_seen_source(&out, "198.18.0.200".parse().unwrap(), 7001, &p1.ns),
+        Some(n1.node.ip),
+        "and over IPv4 its IPv4 address"
+    );
+    assert_eq!(
+        udp_seen_source6(&p2.ns, p2.ip6.unwrap(), 7002, &p1.ns),
+        p1.ip6,
+        "a pod on another node sees the pod's own IPv6 address"
+    );
 }

@@ -39,10 +39,15 @@ fn wait_up(n: &WeftNode, times: usize) {
     n.agent.wait_log_count("dataplane up", times, T).unwrap();
 }
 
-/// From layout version 1 (maps pinned in `maps/`, a counters map with
-/// fewer reasons) to this version, under a running ping: the peers are
-/// carried over before the new programs go in, so nothing is lost. Pins of
-/// a higher version are removed.
+/// The pin directory of this layout version.
+fn maps_dir() -> String {
+    format!("maps-v{}", dataplane_common::LAYOUT_VERSION)
+}
+
+/// From the previous layout version (2: maps pinned in `maps-v2/`, a
+/// smaller config entry, no IPv6 maps) to this version, under a running
+/// ping: the peers are carried over before the new programs go in, so
+/// nothing is lost. Pins of a higher version are removed.
 #[test]
 fn an_upgrade_from_the_previous_layout_loses_no_packet() {
     let mut c = WeftCluster::new(2, &[]).unwrap();
@@ -52,27 +57,31 @@ fn an_upgrade_from_the_previous_layout_loses_no_packet() {
     for n in c.nodes.iter_mut() {
         n.agent.kill();
     }
-    // What version 1 left behind: the same maps in `maps/`, a counters map
-    // for 10 reasons; and pins of a layout from the future.
+    // What version 2 left behind: the same peer maps in `maps-v2/`, its
+    // 36-byte config entry, no IPv6 maps; and pins of a layout from the
+    // future.
     for n in &c.nodes {
         let root = n.pins.path();
-        std::fs::rename(root.join("maps-v2"), root.join("maps")).unwrap();
-        let counters = root.join("maps/WEFT_COUNTERS");
-        std::fs::remove_file(&counters).unwrap();
+        std::fs::rename(root.join(maps_dir()), root.join("maps-v2")).unwrap();
+        for m in ["WEFT_PEERS6", "WEFT_VTEPS6", "WEFT_ENDPOINTS6"] {
+            std::fs::remove_file(root.join("maps-v2").join(m)).unwrap();
+        }
+        let config = root.join("maps-v2/WEFT_CONFIG");
+        std::fs::remove_file(&config).unwrap();
         bpftool(&[
             "map",
             "create",
-            counters.to_str().unwrap(),
+            config.to_str().unwrap(),
             "type",
-            "percpu_array",
+            "array",
             "key",
             "4",
             "value",
-            "16",
+            "36",
             "entries",
-            "10",
+            "1",
             "name",
-            "WEFT_COUNTERS",
+            "WEFT_CONFIG",
         ]);
         std::fs::create_dir(root.join("maps-v99")).unwrap();
         bpftool(&[
@@ -91,8 +100,8 @@ fn an_upgrade_from_the_previous_layout_loses_no_packet() {
             "WEFT_PEERS",
         ]);
     }
-    // Version 1's routes named a gateway (flannel's `via <subnet>.0
-    // onlink`); this version's do not.
+    // Routes of versions before this one may name a gateway (flannel's
+    // `via <subnet>.0 onlink`); this version's do not.
     for (n, peer) in c.nodes.iter().zip(&peers) {
         n.node
             .ns
@@ -118,7 +127,7 @@ fn an_upgrade_from_the_previous_layout_loses_no_packet() {
     for n in &c.nodes {
         wait_up(n, 2);
         n.agent
-            .wait_log("carrying the map over from layout version 1", T)
+            .wait_log("carrying the map over from layout version 2", T)
             .unwrap();
         n.agent.wait_log("carried the peers over", T).unwrap();
     }
@@ -126,15 +135,16 @@ fn an_upgrade_from_the_previous_layout_loses_no_packet() {
     assert_eq!((sent, got), (500, 500), "no packet lost across the upgrade");
     for n in c.nodes.iter_mut() {
         let root = n.pins.path();
-        assert!(!root.join("maps").exists(), "version 1's pins are gone");
+        assert!(!root.join("maps-v2").exists(), "version 2's pins are gone");
         assert!(
             !root.join("maps-v99").exists(),
             "version 99's pins are gone"
         );
         assert_eq!(
-            layout(&root.join("maps-v2/WEFT_COUNTERS")).3,
-            dataplane_common::Reason::COUNT as u64
+            layout(&root.join(maps_dir()).join("WEFT_CONFIG")).2,
+            std::mem::size_of::<dataplane_common::DataplaneConfig>() as u64
         );
+        assert!(root.join(maps_dir()).join("WEFT_PEERS6").exists());
         assert_eq!(n.peer_subnets().len(), 1);
         let peer = n.peer_subnets()[0].to_string();
         eventually("the route in this version's form", T, || {
@@ -163,7 +173,7 @@ fn a_pinned_map_of_another_shape_is_replaced() {
     c.wait_meshed(T);
     let n1 = &mut c.nodes[0];
     n1.agent.kill();
-    let peers = n1.pins.path().join("maps-v2/WEFT_PEERS");
+    let peers = n1.pins.path().join(maps_dir()).join("WEFT_PEERS");
     std::fs::remove_file(&peers).unwrap();
     bpftool(&[
         "map",
