@@ -161,6 +161,27 @@ impl Etcd {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `etcdctl put key` with the value on stdin (a value larger than an
+    /// argument may be).
+    pub fn put_large(&self, key: &str, value: &[u8]) -> Result<()> {
+        use std::io::Write as _;
+        let mut c = self.etcdctl_cmd();
+        c.args(["put", key])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn()?;
+        child.stdin.take().expect("stdin").write_all(value)?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "etcdctl put {key}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
     }

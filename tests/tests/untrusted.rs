@@ -61,7 +61,7 @@ fn hostile_leases_are_rejected_and_never_stop_the_network() {
     let free: Vec<String> = (200..=255)
         .map(|i| format!("10.244.{i}.0"))
         .filter(|s| !held.contains(&format!("{s}/24")))
-        .take(5)
+        .take(8)
         .collect();
     let hostile = |i: usize| (format!("{}-24", free[i]), format!("{}/24", free[i]));
     // (key suffix, value, the prefix that must never be routed, reason on
@@ -205,7 +205,37 @@ fn hostile_leases_are_rejected_and_never_stop_the_network() {
     assert!(out.contains("rejected (outside_network)"), "{out}");
     assert!(out.contains("rejected (vtep_mac)"), "{out}");
 
-    // A node that joins afterwards is programmed by both.
+    // Three junk values near etcd's 1.5 MiB request limit: together larger
+    // than one gRPC response (4 MiB), so a listing must come in smaller
+    // pages. Each is skipped as malformed; nothing stops.
+    let junk = vec![b'x'; 1400 * 1024];
+    for f in &free[5..8] {
+        let key = format!("{PREFIX}/subnets/{f}-24");
+        c.etcd.put_large(&key, &junk).unwrap();
+        for n in &c.nodes {
+            eventually(&format!("{} skips {key}", n.agent.name), T, || {
+                n.agent
+                    .log()
+                    .lines()
+                    .any(|l| l.contains("skipping a malformed lease") && l.contains(&key))
+                    .then_some(())
+            });
+        }
+    }
+    for n in c.nodes.iter_mut() {
+        assert!(n.agent.running(), "{} stopped after the junk", n.agent.name);
+    }
+    let out = c.nodes[0]
+        .weft(&[
+            "leases",
+            "--etcd-endpoints",
+            &format!("http://{ETCD_IP}:2379"),
+        ])
+        .unwrap();
+    assert!(out.contains(&free[7]), "{out}");
+
+    // A node that joins afterwards (listing the prefix, junk and all, to
+    // acquire) is programmed by both.
     c.add_node(3, &[]).unwrap();
     let s3 = c.nodes[2].subnet;
     eventually("both program the new node", T, || {

@@ -46,7 +46,9 @@ const SYSTEM_ROOTS: [&str; 3] = [
 ];
 
 /// Prefix reads ask for at most this many keys per response (a lease is
-/// about 200 bytes; values above [`MAX_VALUE_BYTES`] are junk anyway).
+/// about 200 bytes; values above [`MAX_VALUE_BYTES`] are junk anyway). A
+/// page too large for one gRPC message (a few junk values of etcd's
+/// 1.5 MiB maximum) is asked for again with half as many keys, down to one.
 pub(crate) const LIST_PAGE: i64 = 1000;
 
 /// Lease values larger than this are malformed (a real one is ~200 bytes).
@@ -296,23 +298,30 @@ impl EtcdStore {
         let mut kvs = Vec::new();
         let mut revision = 0;
         let mut from: Vec<u8> = prefix.as_bytes().to_vec();
+        let mut limit = LIST_PAGE;
         loop {
             let (rev, page, more) = match first.take() {
                 Some(p) => p,
                 None => {
                     self.count();
                     // Ranges come in key order.
-                    let mut o = GetOptions::new()
-                        .with_range(end.clone())
-                        .with_limit(LIST_PAGE);
+                    let mut o = GetOptions::new().with_range(end.clone()).with_limit(limit);
                     if revision > 0 {
                         o = o.with_revision(revision);
                     }
-                    let resp = self
-                        .client()
-                        .get(from.clone(), Some(o))
-                        .await
-                        .map_err(store_error)?;
+                    let resp = match self.client().get(from.clone(), Some(o)).await {
+                        Ok(r) => r,
+                        Err(e) if too_large(&e) && limit > 1 => {
+                            limit = (limit / 2).max(1);
+                            tracing::warn!(
+                                prefix,
+                                limit,
+                                "a page of the prefix is larger than a gRPC message (junk values?); reading fewer keys per page"
+                            );
+                            continue;
+                        }
+                        Err(e) => return Err(store_error(e)),
+                    };
                     (
                         resp.header().map(|h| h.revision()).unwrap_or_default(),
                         resp.kvs().iter().map(to_kv).collect(),
@@ -372,6 +381,12 @@ pub(crate) fn store_error(e: etcd_client::Error) -> StoreError {
         E::TransportError(_) | E::IoError(_) => StoreError::Unavailable(e.to_string()),
         _ => StoreError::Other(e.to_string()),
     }
+}
+
+/// Whether a response was refused for being larger than a gRPC message.
+fn too_large(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::OutOfRange && s.message().contains("too large"))
 }
 
 /// The end of the range of keys that start with `prefix`.
@@ -449,7 +464,21 @@ impl Store for EtcdStore {
                 Some(GetOptions::new().with_prefix().with_limit(LIST_PAGE)),
             )]);
         }
-        let resp = self.client().txn(txn).await.map_err(store_error)?;
+        let resp = match self.client().txn(txn).await {
+            Ok(r) => r,
+            // Only the else branch's listing makes a response this large (a
+            // put's or a delete's is a few bytes): the transaction failed,
+            // and the listing is read page by page instead.
+            Err(e) if too_large(&e) && else_list.is_some() => {
+                let listing = self.list_pages(else_list.unwrap_or_default(), None).await?;
+                return Ok(TxnOutcome {
+                    succeeded: false,
+                    revision: listing.revision,
+                    listing: Some(listing),
+                });
+            }
+            Err(e) => return Err(store_error(e)),
+        };
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
         let first = if resp.succeeded() {
             None

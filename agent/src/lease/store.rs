@@ -56,7 +56,9 @@ pub struct TxnOutcome {
     /// writes when it succeeded).
     pub revision: i64,
     /// When it failed and a prefix was given: that prefix, read in the same
-    /// transaction, so a retry needs no extra request.
+    /// transaction, so a retry needs no extra request (or, when that read
+    /// was too large for one response, page by page just after; a retry's
+    /// compare decides either way).
     pub listing: Option<Listing>,
 }
 
