@@ -46,3 +46,41 @@ impl CniError {
         .to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn errors_print_as_the_spec_says() {
+        let e = CniError::new(Code::InvalidEnv, "CNI_NETNS is missing")
+            .with_details("set by the runtime");
+        let v: Value = serde_json::from_str(&e.to_json("0.4.0")).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "cniVersion": "0.4.0",
+                "code": 4,
+                "msg": "CNI_NETNS is missing",
+                "details": "set by the runtime",
+            })
+        );
+        // The codes are the spec's numbers.
+        let codes = [
+            (Code::IncompatibleVersion, 1),
+            (Code::UnknownContainer, 3),
+            (Code::InvalidEnv, 4),
+            (Code::Io, 5),
+            (Code::Decode, 6),
+            (Code::InvalidConfig, 7),
+            (Code::Plugin, 100),
+        ];
+        for (code, n) in codes {
+            let v: Value =
+                serde_json::from_str(&CniError::new(code, "m").to_json("1.0.0")).unwrap();
+            assert_eq!(v["code"], n, "{code:?}");
+            assert_eq!(v["details"], "", "{code:?}");
+        }
+    }
+}

@@ -120,26 +120,10 @@ fn env() -> Result<Env, CniError> {
 fn run(stdin: &[u8]) -> Result<Option<String>, CniError> {
     let env = env()?;
     if env.command == "VERSION" {
-        let conf: Value = serde_json::from_slice(stdin).unwrap_or(json!({}));
-        return Ok(Some(
-            json!({
-                "cniVersion": conf["cniVersion"].as_str().unwrap_or("1.0.0"),
-                "supportedVersions": VERSIONS,
-            })
-            .to_string(),
-        ));
+        return Ok(Some(version_reply(stdin)));
     }
     let conf = NetConf::parse(stdin)?;
-    if !VERSIONS.contains(&conf.cni_version.as_str()) {
-        return Err(CniError::new(
-            Code::IncompatibleVersion,
-            format!(
-                "cniVersion {} is not supported (supported: {})",
-                conf.cni_version,
-                VERSIONS.join(", ")
-            ),
-        ));
-    }
+    supported(&conf.cni_version)?;
     match env.command.as_str() {
         "ADD" => add(&conf, &env).map(Some),
         "DEL" => del(&conf, &env).map(|()| None),
@@ -149,6 +133,31 @@ fn run(stdin: &[u8]) -> Result<Option<String>, CniError> {
             format!("CNI_COMMAND {other:?} is not ADD, DEL, CHECK or VERSION"),
         )),
     }
+}
+
+/// The answer to VERSION: the config's version echoed (1.0.0 when there is
+/// none) and the versions spoken.
+fn version_reply(stdin: &[u8]) -> String {
+    let conf: Value = serde_json::from_slice(stdin).unwrap_or(json!({}));
+    json!({
+        "cniVersion": conf["cniVersion"].as_str().unwrap_or("1.0.0"),
+        "supportedVersions": VERSIONS,
+    })
+    .to_string()
+}
+
+/// Whether this plugin speaks `version`; the CNI error (code 1) if not.
+fn supported(version: &str) -> Result<(), CniError> {
+    if VERSIONS.contains(&version) {
+        return Ok(());
+    }
+    Err(CniError::new(
+        Code::IncompatibleVersion,
+        format!(
+            "cniVersion {version} is not supported (supported: {})",
+            VERSIONS.join(", ")
+        ),
+    ))
 }
 
 fn add(conf: &NetConf, env: &Env) -> Result<String, CniError> {
@@ -236,4 +245,40 @@ fn check(conf: &NetConf, env: &Env) -> Result<(), CniError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_echoes_the_config_and_lists_what_is_spoken() {
+        let v: Value = serde_json::from_str(&version_reply(br#"{"cniVersion":"0.4.0"}"#)).unwrap();
+        assert_eq!(v["cniVersion"], "0.4.0");
+        assert_eq!(
+            v["supportedVersions"],
+            json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+        );
+        // No config (or not JSON): the spec's current version.
+        for stdin in [&b""[..], b"not json", b"{}"] {
+            let v: Value = serde_json::from_str(&version_reply(stdin)).unwrap();
+            assert_eq!(v["cniVersion"], "1.0.0", "{stdin:?}");
+        }
+    }
+
+    #[test]
+    fn an_unsupported_version_is_error_code_1() {
+        for ok in VERSIONS {
+            assert!(supported(ok).is_ok(), "{ok}");
+        }
+        for bad in ["0.2.0", "2.0.0", "", "1.0"] {
+            let e = supported(bad).unwrap_err();
+            let v: Value = serde_json::from_str(&e.to_json("1.0.0")).unwrap();
+            assert_eq!(v["code"], 1, "{bad}");
+            assert!(
+                v["msg"].as_str().unwrap().contains("is not supported"),
+                "{v}"
+            );
+        }
+    }
 }
