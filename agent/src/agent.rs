@@ -335,7 +335,11 @@ impl Agent {
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    self.dataplane.retry_problems().await?;
+                    // A failure here is netlink's, not a peer's: logged,
+                    // and the next tick tries again.
+                    if let Err(e) = self.dataplane.retry_problems().await {
+                        tracing::warn!(error = %format!("{e:#}"), "cannot retry the peers not yet programmed; trying again");
+                    }
                     self.sync_endpoints().await;
                     self.check_old_subnet();
                     ticks += 1;
@@ -411,7 +415,12 @@ impl Agent {
 
     async fn on_lease_events(&mut self, batch: Vec<LeaseEvent>) -> Result<()> {
         let out = self.view.apply(batch);
-        self.apply(&out.updates).await?;
+        // A batch that fails part-way (netlink not answering) stops nothing:
+        // the map entries are in, and the periodic check puts in the routes
+        // that are missing.
+        if let Err(e) = self.apply(&out.updates).await {
+            tracing::error!(error = %format!("{e:#}"), "applying lease changes failed part-way; the dataplane check repairs what is missing");
+        }
         if let Some(why) = out.lost {
             self.relocate(&why).await?;
         }
