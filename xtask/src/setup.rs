@@ -305,9 +305,20 @@ fn kernel() -> Result<String> {
         .unwrap_or_default()
         .trim()
         .to_string();
+    // TC programs attach through TCX links, which Linux 6.6 introduced.
+    let version: Vec<u32> = release
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    if version.len() == 2 && (version[0], version[1]) < (6, 6) {
+        bail!(
+            "kernel {release} is older than 6.6: Weft attaches its TC programs through TCX links (Linux >= 6.6 with CONFIG_DEBUG_INFO_BTF)"
+        );
+    }
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         bail!(
-            "kernel {release} has no BTF (/sys/kernel/btf/vmlinux); Weft needs Linux >= 5.15 with CONFIG_DEBUG_INFO_BTF"
+            "kernel {release} has no BTF (/sys/kernel/btf/vmlinux); Weft needs Linux >= 6.6 with CONFIG_DEBUG_INFO_BTF"
         );
     }
     Ok(format!("{release} with BTF"))
