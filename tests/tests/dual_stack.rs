@@ -120,6 +120,73 @@ fn a_dual_stack_cluster_reaches_every_pod_over_both_families() {
     assert!(weft_tests::cluster::ping(&c.nodes[2].node.ns, a6, 2));
     // The IPv6 VTEPs are the underlay's addresses.
     assert_eq!(c.nodes[0].ip6, underlay6(1));
+
+    // The IPv6 overlay device, removed by someone else, comes back with its
+    // routes, and IPv6 pod traffic with it.
+    let n0 = &c.nodes[0];
+    n0.node.ns.ip(&["link", "del", "weft-v6.1"]).unwrap();
+    assert!(
+        !weft_tests::cluster::ping(&a.ns, b6, 1),
+        "the device is gone"
+    );
+    let started = std::time::Instant::now();
+    weft_tests::agent::eventually("IPv6 pod traffic recovers", T, || {
+        weft_tests::cluster::ping(&a.ns, b6, 1).then_some(())
+    });
+    println!(
+        "weft-v6.1 removed: IPv6 traffic back after {:?}",
+        started.elapsed()
+    );
+    let routes = n0
+        .node
+        .ns
+        .ip(&["-6", "route", "show", "proto", "44"])
+        .unwrap();
+    assert_eq!(routes.lines().count(), 2, "{routes}");
+    assert!(routes.contains("dev weft-v6.1"), "{routes}");
+
+    // `weft teardown` removes the IPv6 parts too: the device, its routes,
+    // table ip6 weft.
+    let mut c = c;
+    let had_table = c.nodes[0]
+        .node
+        .ns
+        .exec("nft", &["list", "table", "ip6", "weft"])
+        .is_ok();
+    assert!(had_table, "table ip6 weft is there to remove");
+    c.nodes[0].agent.stop().unwrap();
+    let n0 = &c.nodes[0];
+    let (pins, state) = (
+        n0.pins.path().to_str().unwrap().to_string(),
+        n0.agent.state_dir().to_str().unwrap().to_string(),
+    );
+    let out = n0
+        .node
+        .ns
+        .exec(
+            weft_tests::agent::weft_bin().to_str().unwrap(),
+            &["teardown", "--bpffs-dir", &pins, "--state-dir", &state],
+        )
+        .unwrap();
+    println!("{out}");
+    let links = n0.node.ns.ip(&["link", "show"]).unwrap();
+    assert!(
+        !links.contains("weft-v6.1") && !links.contains("weft.1"),
+        "{links}"
+    );
+    let routes = n0
+        .node
+        .ns
+        .ip(&["-6", "route", "show", "proto", "44"])
+        .unwrap();
+    assert!(routes.trim().is_empty(), "{routes}");
+    assert!(
+        n0.node
+            .ns
+            .exec("nft", &["list", "table", "ip6", "weft"])
+            .is_err(),
+        "table ip6 weft is gone"
+    );
 }
 
 #[test]
