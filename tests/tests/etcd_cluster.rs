@@ -20,7 +20,7 @@ use weft_tests::{
     agent::eventually,
     etcd_cluster::{EtcdCluster, Options},
     traffic::{ping_outcome, ping_run},
-    weft_cluster::{CONFIG, PREFIX, WeftCluster, WeftNode},
+    weft_cluster::{CONFIG, PREFIX, WeftCluster, WeftNode, http_get},
 };
 
 const T: Duration = Duration::from_secs(30);
@@ -301,9 +301,33 @@ fn a_three_member_cluster_through_member_faults() {
     let subnets: Vec<Ipv4Net> = c.nodes.iter().map(|n| n.subnet).collect();
     let far = c.nodes.last().unwrap().node.pods[0].ip;
     let pinger = ping_run(&c.nodes[0].node.pods[0].ns, far, 6500);
+    let readyz = |n: &WeftNode| http_get(&n.node.ns, n.node.ip, 9090, "/readyz").unwrap().0;
+    for n in &c.nodes {
+        assert_eq!(
+            readyz(n),
+            "HTTP/1.1 200 OK",
+            "{} ready before",
+            n.agent.name
+        );
+    }
     ec.pause_all(true);
-    std::thread::sleep(Duration::from_secs(60));
+    // Past 15 s without news from the watch, every node says it is not
+    // ready (its view of the leases may be stale), and keeps forwarding.
+    std::thread::sleep(Duration::from_secs(20));
+    for n in &c.nodes {
+        assert!(
+            readyz(n).contains("503"),
+            "{} not ready with etcd stopped",
+            n.agent.name
+        );
+    }
+    std::thread::sleep(Duration::from_secs(40));
     ec.pause_all(false);
+    for n in &c.nodes {
+        eventually(&format!("{} ready again", n.agent.name), T, || {
+            (readyz(n) == "HTTP/1.1 200 OK").then_some(())
+        });
+    }
     assert_eq!(
         ping_outcome(pinger),
         (6500, 6500),
