@@ -204,6 +204,57 @@ pub fn recv_with_tos(s: &UdpSocket) -> Option<(Vec<u8>, u8)> {
     Some((buf, tos.unwrap_or(0)))
 }
 
+/// Starts a paced UDP stream from `cns` to `server:port` in `sns`: `count`
+/// numbered 100-byte datagrams, `gap` apart. Join the handle for (sent,
+/// received in order and intact); the receiver stops 2 s after the last.
+pub fn udp_stream(
+    sns: &Netns,
+    server: impl Into<IpAddr>,
+    port: u16,
+    cns: &Netns,
+    count: u32,
+    gap: Duration,
+) -> std::thread::JoinHandle<(u32, u32)> {
+    let server: IpAddr = server.into();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let srv = sns.spawn_thread(move || {
+        let s = UdpSocket::bind((server, port)).expect("bind");
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut buf = [0u8; 2048];
+        let mut ok = 0u32;
+        while let Ok(k) = s.recv(&mut buf) {
+            if k == 100 && buf[4..100].iter().all(|b| *b == 0x5a) {
+                ok += 1;
+            }
+        }
+        ok
+    });
+    ready_rx.recv().unwrap();
+    let cli = cns.spawn_thread(move || {
+        let any: IpAddr = if server.is_ipv4() {
+            Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            Ipv6Addr::UNSPECIFIED.into()
+        };
+        let s = UdpSocket::bind((any, 0)).unwrap();
+        let mut sent = 0;
+        for i in 0..count {
+            let mut d = [0x5au8; 100];
+            d[..4].copy_from_slice(&i.to_be_bytes());
+            if s.send_to(&d, (server, port)).is_ok() {
+                sent += 1;
+            }
+            std::thread::sleep(gap);
+        }
+        sent
+    });
+    std::thread::spawn(move || {
+        let sent = cli.join().expect("sender");
+        (sent, srv.join().expect("receiver"))
+    })
+}
+
 /// Starts `ping` from `from` to `to`: `count` echo requests 10 ms apart,
 /// each given 1 s for its reply; read the outcome with [`ping_outcome`].
 pub fn ping_run(from: &Netns, to: Ipv4Addr, count: u32) -> std::process::Child {

@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
+use dataplane_common::Reason;
+
 use weft_tests::{
     agent::eventually,
     cluster::ping,
-    traffic::{ping_outcome, ping_run},
+    traffic::{ping_outcome, ping_run, udp_stream},
     weft_cluster::{WeftCluster, http_get},
 };
 
@@ -87,15 +89,36 @@ fn cluster_from_cold_join_and_lease_deletion() {
     );
 }
 
-/// SIGKILL and restart of the agents under a continuous 100 pps ping: the
-/// pinned programs and maps keep forwarding, the restarted agents adopt
-/// them, and nothing is lost. SIGTERM leaves the dataplane in place too.
+/// SIGKILL and restart of the agents under a continuous 100 pps ping (the
+/// host stack's path) and a 100 pps UDP stream between registered pods
+/// (the fast path, with host routing): the pinned programs, maps and
+/// endpoints keep forwarding, the restarted agents adopt them, and nothing
+/// is lost. SIGTERM leaves the dataplane in place too.
 #[test]
 fn agent_restarts_lose_no_packets() {
     let mut c = WeftCluster::new(2, &[]).unwrap();
     c.wait_meshed(T);
     let dst = c.nodes[1].node.pods[1].ip;
     assert!(ping(&c.nodes[0].node.pods[0].ns, dst, 2));
+    let bypassed = |c: &WeftCluster| {
+        let n = |i: usize, r| {
+            weft::dataplane::Counters::open(c.nodes[i].pins.pins())
+                .unwrap()
+                .get(r)
+                .unwrap()
+                .packets
+        };
+        (n(0, Reason::EncapBypass), n(1, Reason::DecapBypass))
+    };
+    let before = bypassed(&c);
+    let stream = udp_stream(
+        &c.nodes[1].node.pods[1].ns,
+        dst,
+        7300,
+        &c.nodes[0].node.pods[0].ns,
+        800,
+        Duration::from_millis(10),
+    );
     let pinger = ping_run(&c.nodes[0].node.pods[0].ns, dst, 800);
     std::thread::sleep(Duration::from_millis(500));
     let key_before = c
@@ -122,6 +145,21 @@ fn agent_restarts_lose_no_packets() {
         (800, 800),
         "no packet lost across SIGKILL, restart and SIGTERM"
     );
+    let (sent, received) = stream.join().unwrap();
+    assert_eq!(
+        (sent, received),
+        (800, 800),
+        "no datagram lost across SIGKILL, restart and SIGTERM"
+    );
+    let after = bypassed(&c);
+    let fast = (after.0 - before.0, after.1 - before.1);
+    println!("bypassed (sender, receiver): {fast:?} of 800 datagrams");
+    if weft_tests::host_routing() == "legacy" {
+        assert_eq!(fast, (0, 0));
+    } else {
+        // All but the first (conntrack confirms the flow on the host stack).
+        assert!(fast.0 >= 795 && fast.1 >= 795, "{fast:?}");
+    }
     for n in &c.nodes[1..] {
         assert_eq!(
             n.agent.subnet().unwrap(),
