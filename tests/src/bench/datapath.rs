@@ -15,7 +15,11 @@
 //!   decapsulation hook chosen for the uplink); MTU 1450.
 //! - on request: `weft_bpf` (host routing without the conntrack gate),
 //!   `weft_legacy` (no host routing: bridge, routing and the overlay
-//!   device), `weft_xdp` (host routing with XDP decapsulation forced).
+//!   device), `weft_xdp` (host routing with XDP decapsulation forced),
+//!   `weft_rps` (`weft` with receive packet steering on every device of
+//!   both nodes: a flow's packets then queue on one CPU's backlog whichever
+//!   CPU sent them, which shows how many of `weft`'s retransmissions come
+//!   from packets of one flow racing through two CPUs' backlogs).
 //!
 //! Metrics: `tcp_gbps` (1 stream), `tcp4_gbps` (4 streams: four iperf3
 //! clients at once, because iperf3 before 3.16 runs all the streams of
@@ -47,13 +51,14 @@ use crate::{
     pins::TestPins,
 };
 
-const CONFIGS: [&str; 6] = [
+const CONFIGS: [&str; 7] = [
     "route",
     "kernel_vxlan",
     "weft",
     "weft_bpf",
     "weft_legacy",
     "weft_xdp",
+    "weft_rps",
 ];
 
 /// The goals on the ratio of medians, weft against a baseline: (metric,
@@ -272,9 +277,9 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 9]> {
                 flannel_peer6(&nodes[a], subnet6_of(o), underlay6(o), macs6[b])?;
             }
         }
-        "weft" | "weft_bpf" | "weft_legacy" | "weft_xdp" => {
+        "weft" | "weft_rps" | "weft_bpf" | "weft_legacy" | "weft_xdp" => {
             let (mode, routing) = match cfg {
-                "weft" => (XdpMode::Auto, HostRouting::Auto),
+                "weft" | "weft_rps" => (XdpMode::Auto, HostRouting::Auto),
                 "weft_bpf" => (XdpMode::Auto, HostRouting::Bpf),
                 "weft_legacy" => (XdpMode::Auto, HostRouting::Legacy),
                 _ => (XdpMode::Native, HostRouting::Auto),
@@ -313,6 +318,19 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 9]> {
             weft_pins = pins;
         }
         other => bail!("unknown config {other}"),
+    }
+    if cfg == "weft_rps" {
+        // Receive packet steering on every device of both nodes: each
+        // flow's packets queue on one CPU's backlog wherever they were sent.
+        for n in &nodes {
+            n.ns.exec(
+                "sh",
+                &[
+                    "-c",
+                    "m=$(printf %x $(( (1 << $(nproc)) - 1 ))); for f in /sys/class/net/*/queues/rx-*/rps_cpus; do echo $m > $f; done",
+                ],
+            )?;
+        }
     }
     let client = &nodes[0].pods[0].ns;
     let server = &nodes[1].pods[0];
