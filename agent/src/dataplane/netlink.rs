@@ -325,8 +325,10 @@ impl Netlink {
         Ok(true)
     }
 
-    /// The IPv4 addresses on device `index`, with their prefix lengths.
-    pub(crate) async fn addresses(&self, index: u32) -> Result<Vec<(Ipv4Addr, u8)>> {
+    /// The addresses on device `index`, with their prefix lengths: the
+    /// IPv4 ones and the IPv6 ones of global scope (not the kernel's
+    /// link-local ones).
+    async fn all_addresses(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
         let msgs: Vec<AddressMessage> = self
             .handle
             .address()
@@ -338,30 +340,71 @@ impl Netlink {
             .context("listing addresses")?;
         Ok(msgs
             .iter()
-            .filter(|m| m.header.family == AddressFamily::Inet)
             .filter_map(|m| {
-                m.attributes.iter().find_map(|a| match a {
-                    AddressAttribute::Local(std::net::IpAddr::V4(ip)) => {
-                        Some((*ip, m.header.prefix_len))
-                    }
-                    _ => None,
-                })
+                m.attributes
+                    .iter()
+                    .find_map(|a| match (m.header.family, a) {
+                        (AddressFamily::Inet, AddressAttribute::Local(ip @ IpAddr::V4(_))) => {
+                            Some((*ip, m.header.prefix_len))
+                        }
+                        (AddressFamily::Inet6, AddressAttribute::Address(ip @ IpAddr::V6(v6)))
+                            if v6.segments()[0] & 0xffc0 != 0xfe80 =>
+                        {
+                            Some((*ip, m.header.prefix_len))
+                        }
+                        _ => None,
+                    })
             })
             .collect())
     }
 
-    /// Makes `addr/prefix_len` the only IPv4 address on device `index`.
+    /// The IPv4 addresses on device `index`, with their prefix lengths.
+    pub(crate) async fn addresses(&self, index: u32) -> Result<Vec<(Ipv4Addr, u8)>> {
+        Ok(self
+            .all_addresses(index)
+            .await?
+            .into_iter()
+            .filter_map(|(a, len)| match a {
+                IpAddr::V4(a) => Some((a, len)),
+                IpAddr::V6(_) => None,
+            })
+            .collect())
+    }
+
+    /// The IPv6 addresses of global scope on device `index`, with their
+    /// prefix lengths.
+    pub(crate) async fn addresses6(&self, index: u32) -> Result<Vec<(Ipv6Addr, u8)>> {
+        Ok(self
+            .all_addresses(index)
+            .await?
+            .into_iter()
+            .filter_map(|(a, len)| match a {
+                IpAddr::V6(a) => Some((a, len)),
+                IpAddr::V4(_) => None,
+            })
+            .collect())
+    }
+
+    /// Makes `addr/prefix_len` the only address of its family on device
+    /// `index` (IPv6: the only one of global scope; flannel gives
+    /// `flannel-v6.<VNI>` its subnet's first address, /128).
     pub(crate) async fn ensure_only_address(
         &self,
         index: u32,
-        addr: Ipv4Addr,
+        addr: impl Into<IpAddr>,
         prefix_len: u8,
     ) -> Result<()> {
-        let current = self.addresses(index).await?;
+        let addr = addr.into();
+        let current: Vec<(IpAddr, u8)> = self
+            .all_addresses(index)
+            .await?
+            .into_iter()
+            .filter(|(a, _)| a.is_ipv4() == addr.is_ipv4())
+            .collect();
         if !current.contains(&(addr, prefix_len)) {
             self.handle
                 .address()
-                .add(index, addr.into(), prefix_len)
+                .add(index, addr, prefix_len)
                 .replace()
                 .execute()
                 .await
@@ -369,62 +412,7 @@ impl Netlink {
         }
         for (other, len) in current {
             if (other, len) != (addr, prefix_len) {
-                self.del_address(index, other.into(), len).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The IPv6 addresses of global scope on device `index` (not the
-    /// kernel's link-local ones), with their prefix lengths.
-    pub(crate) async fn addresses6(&self, index: u32) -> Result<Vec<(Ipv6Addr, u8)>> {
-        let msgs: Vec<AddressMessage> = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute()
-            .try_collect()
-            .await
-            .context("listing addresses")?;
-        Ok(msgs
-            .iter()
-            .filter(|m| m.header.family == AddressFamily::Inet6)
-            .filter_map(|m| {
-                m.attributes.iter().find_map(|a| match a {
-                    AddressAttribute::Address(std::net::IpAddr::V6(ip))
-                        if ip.segments()[0] & 0xffc0 != 0xfe80 =>
-                    {
-                        Some((*ip, m.header.prefix_len))
-                    }
-                    _ => None,
-                })
-            })
-            .collect())
-    }
-
-    /// Makes `addr/prefix_len` the only global IPv6 address on device
-    /// `index` (flannel gives `flannel-v6.<VNI>` its subnet's first
-    /// address, /128).
-    pub(crate) async fn ensure_only_address6(
-        &self,
-        index: u32,
-        addr: Ipv6Addr,
-        prefix_len: u8,
-    ) -> Result<()> {
-        let current = self.addresses6(index).await?;
-        if !current.contains(&(addr, prefix_len)) {
-            self.handle
-                .address()
-                .add(index, addr.into(), prefix_len)
-                .replace()
-                .execute()
-                .await
-                .with_context(|| format!("adding {addr}/{prefix_len}"))?;
-        }
-        for (other, len) in current {
-            if (other, len) != (addr, prefix_len) {
-                self.del_address(index, other.into(), len).await?;
+                self.del_address(index, other, len).await?;
             }
         }
         Ok(())

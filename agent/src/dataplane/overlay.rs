@@ -562,7 +562,7 @@ impl Overlay {
             self.nl.ensure_only_address(i, s.network(), 32).await?;
         }
         if let (Some(i), Some(s)) = (self.device6_index, subnets.v6) {
-            self.nl.ensure_only_address6(i, s.network(), 128).await?;
+            self.nl.ensure_only_address(i, s.network(), 128).await?;
         }
         netfilter::apply(&self.netfilter())?;
         // Routes carry the device's address as their source: rewrite them.
@@ -942,7 +942,7 @@ impl Overlay {
                 && self.nl.addresses6(index).await? != [(subnet.network(), 128)]
             {
                 self.nl
-                    .ensure_only_address6(index, subnet.network(), 128)
+                    .ensure_only_address(index, subnet.network(), 128)
                     .await?;
                 h.repairs.push("address");
             }
@@ -1069,8 +1069,7 @@ async fn ensure_device6(
     // No router advertisements on the overlay; its address is not
     // duplicate-checked (no ARP, no neighbour discovery).
     let _ = sysctl::write_iface("ipv6", &dev, "accept_ra", "0");
-    nl.ensure_only_address6(index, subnet.network(), 128)
-        .await?;
+    nl.ensure_only_address(index, subnet.network(), 128).await?;
     Ok(index)
 }
 
