@@ -312,15 +312,7 @@ pub fn flannel_device6(
     ])?;
     ns.sysctl("net.ipv6.conf.flannel-v6/1.accept_ra", "0")?;
     ns.ip(&["link", "set", "flannel-v6.1", "up"])?;
-    ns.ip(&[
-        "-6",
-        "addr",
-        "add",
-        &format!("{}/128", subnet.network()),
-        "dev",
-        "flannel-v6.1",
-        "nodad",
-    ])?;
+    ns.add_addr6("flannel-v6.1", subnet.network(), 128)?;
     ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
     Ok(mac(ns, "flannel-v6.1")?.parse()?)
 }

@@ -99,15 +99,7 @@ impl DualCluster {
         node.ns.enable_ipv6()?;
         node.ipv6 = true;
         let ip6 = underlay6(i);
-        node.ns.ip(&[
-            "-6",
-            "addr",
-            "add",
-            &format!("{ip6}/64"),
-            "dev",
-            "eth0",
-            "nodad",
-        ])?;
+        node.ns.add_addr6("eth0", ip6, 64)?;
         let pins = TestPins::new();
         let mut args: Vec<String> = [
             "--etcd-endpoints",

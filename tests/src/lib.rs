@@ -8,6 +8,7 @@ pub mod agent;
 pub mod bench;
 pub mod cluster;
 pub mod cni;
+pub mod counters;
 pub mod dual;
 pub mod etcd;
 pub mod etcd_cluster;

@@ -61,6 +61,14 @@ impl Netns {
         run("ip", &full)
     }
 
+    /// Adds `addr/prefix_len` to `dev`, usable at once (no duplicate
+    /// address detection).
+    pub fn add_addr6(&self, dev: &str, addr: std::net::Ipv6Addr, prefix_len: u8) -> Result<()> {
+        let a = format!("{addr}/{prefix_len}");
+        self.ip(&["-6", "addr", "add", &a, "dev", dev, "nodad"])
+            .map(drop)
+    }
+
     /// `ip ARGS` inside the namespace.
     pub fn ip(&self, args: &[&str]) -> Result<String> {
         let mut full = vec!["-n", &self.name];

@@ -6,6 +6,7 @@ use dataplane_common::Reason;
 use weft::dataplane::{Counters, XdpMode};
 use weft_tests::{
     cluster::{Node, Underlay, flannel_device, flannel_peer, ping},
+    counters::Snapshot,
     overlay::{install, peer, spec, subnet_of},
     pins::TestPins,
     require_root,
@@ -382,12 +383,7 @@ fn hostile_packets_are_dropped_and_counted() {
     let target = &c.nodes[0];
     let pod = &target.pods[0];
     let counters = Counters::open(c.pins[0].pins()).unwrap();
-    let before: Vec<u64> = counters
-        .all()
-        .unwrap()
-        .iter()
-        .map(|(_, v)| v.packets)
-        .collect();
+    let before = Snapshot::of(&counters);
 
     // A UDP listener in the target pod records what gets through.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -442,13 +438,8 @@ sendp(pkts, iface="eth0")
         "only the well-formed packets reached the pod; the congestion mark went inside (RFC 6040)"
     );
 
-    let after: Vec<u64> = counters
-        .all()
-        .unwrap()
-        .iter()
-        .map(|(_, v)| v.packets)
-        .collect();
-    let delta = |r: Reason| after[r as usize] - before[r as usize];
+    let after = Snapshot::of(&counters);
+    let delta = |r: Reason| after.since(&before, r);
     assert_eq!(delta(Reason::DropUnknownVtep), 1);
     assert_eq!(delta(Reason::DropWrongVni), 1);
     assert_eq!(

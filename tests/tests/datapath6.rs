@@ -10,6 +10,7 @@ use dataplane_common::Reason;
 use weft::dataplane::{Counters, Peer, XdpMode};
 use weft_tests::{
     cluster::{Node, Underlay, flannel_device, flannel_device6, flannel_peer, flannel_peer6, ping},
+    counters::Snapshot,
     dual::underlay6,
     netns::Netns,
     overlay::{install, spec, subnet_of, subnet6_of, vtep_mac, vtep6_mac, with_ipv6, with_overlay},
@@ -53,16 +54,7 @@ fn pair(wire_offloads: bool) -> Pair {
             let mut n = Node::new(&underlay, i).unwrap();
             n.ns.enable_ipv6().unwrap();
             n.ipv6 = true;
-            n.ns.ip(&[
-                "-6",
-                "addr",
-                "add",
-                &format!("{}/64", underlay6(i)),
-                "dev",
-                "eth0",
-                "nodad",
-            ])
-            .unwrap();
+            n.ns.add_addr6("eth0", underlay6(i), 64).unwrap();
             n
         })
         .collect();
@@ -350,26 +342,11 @@ fn hostile_ipv6_packets_are_dropped_and_counted() {
     attacker.enable_ipv6().unwrap();
     p.underlay.plug(&attacker, "eth0", "198.18.0.66").unwrap();
     let evil6: Ipv6Addr = "fd00:18::66".parse().unwrap();
-    attacker
-        .ip(&[
-            "-6",
-            "addr",
-            "add",
-            &format!("{evil6}/64"),
-            "dev",
-            "eth0",
-            "nodad",
-        ])
-        .unwrap();
+    attacker.add_addr6("eth0", evil6, 64).unwrap();
     let pod = &p.weft.pods[0];
     let pod6 = pod.ip6.unwrap();
     let counters = Counters::open(p.pins.pins()).unwrap();
-    let before: Vec<u64> = counters
-        .all()
-        .unwrap()
-        .iter()
-        .map(|(_, v)| v.packets)
-        .collect();
+    let before = Snapshot::of(&counters);
 
     let (tx, rx) = std::sync::mpsc::channel();
     let listener = pod.ns.spawn_thread(move || {
@@ -420,13 +397,8 @@ sendp(pkts, iface="eth0")
         vec!["valid".to_string()],
         "only the valid packet reached the pod"
     );
-    let after: Vec<u64> = counters
-        .all()
-        .unwrap()
-        .iter()
-        .map(|(_, v)| v.packets)
-        .collect();
-    let delta = |r: Reason| after[r as usize] - before[r as usize];
+    let after = Snapshot::of(&counters);
+    let delta = |r: Reason| after.since(&before, r);
     assert_eq!(delta(Reason::DropUnknownVtep), 1);
     assert_eq!(delta(Reason::DropWrongVni), 1);
     assert_eq!(delta(Reason::DropMalformed), 1, "truncated");

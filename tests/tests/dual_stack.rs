@@ -8,6 +8,7 @@ use std::time::Duration;
 use dataplane_common::Reason;
 use weft::lease::{LeaseAttrs, parse_key};
 use weft_tests::{
+    counters::Snapshot,
     dual::{DUAL, DualCluster, DualNode, V6_ONLY, underlay6},
     netns::Netns,
     traffic::{tcp_transfer, udp_seen_source, udp_seen_source6},
@@ -16,29 +17,27 @@ use weft_tests::{
 
 const T: Duration = Duration::from_secs(30);
 
-/// A node's counters of the fast path and of the host stack's, both ways.
-struct Fast([u64; 4]);
+/// The shares of the packets a node sent and received from `before` to
+/// `after` that took the fast path (with TC decapsulation, as on a veth
+/// underlay, a received packet counts as one or the other).
+fn fast_shares(before: &Snapshot, after: &Snapshot) -> (f64, f64) {
+    let d = |r| after.since(before, r);
+    let share = |fast: u64, slow: u64| fast as f64 / (fast + slow).max(1) as f64;
+    (
+        share(d(Reason::EncapBypass), d(Reason::Encapsulated)),
+        share(d(Reason::DecapBypass), d(Reason::Decapsulated)),
+    )
+}
 
-impl Fast {
-    const REASONS: [Reason; 4] = [
-        Reason::EncapBypass,
-        Reason::Encapsulated,
-        Reason::DecapBypass,
-        Reason::Decapsulated,
-    ];
-
-    fn of(n: &DualNode) -> Self {
-        let k = n.counters();
-        Fast(Self::REASONS.map(|r| k.get(r).unwrap().packets))
-    }
-
-    /// The shares of the packets sent and received since `before` that
-    /// took the fast path (with TC decapsulation, as on a veth underlay).
-    fn since(&self, before: &Fast) -> (f64, f64) {
-        let d: Vec<u64> = (0..4).map(|i| self.0[i] - before.0[i]).collect();
-        let share = |fast: u64, slow: u64| fast as f64 / (fast + slow).max(1) as f64;
-        (share(d[0], d[1]), share(d[2], d[3]))
-    }
+/// The node's IPv6 peer routes, which must all go through `weft-v6.1`.
+fn assert_v6_peer_routes(n: &DualNode, peers: usize) {
+    let routes = n
+        .node
+        .ns
+        .ip(&["-6", "route", "show", "proto", "44"])
+        .unwrap();
+    assert_eq!(routes.lines().count(), peers, "{routes}");
+    assert!(routes.contains("dev weft-v6.1"), "{routes}");
 }
 
 /// Every key under the subnets prefix, with its value.
@@ -100,13 +99,7 @@ fn a_dual_stack_cluster_reaches_every_pod_over_both_families() {
             assert!(v6.contains(&p.ip6.expect("an IPv6 address")));
         }
         // IPv6 peers are routed through the IPv6 overlay device.
-        let routes = n
-            .node
-            .ns
-            .ip(&["-6", "route", "show", "proto", "44"])
-            .unwrap();
-        assert_eq!(routes.lines().count(), 2, "{routes}");
-        assert!(routes.contains("dev weft-v6.1"), "{routes}");
+        assert_v6_peer_routes(n, 2);
     }
 
     let failed = c.unreachable_pairs();
@@ -115,15 +108,15 @@ fn a_dual_stack_cluster_reaches_every_pod_over_both_families() {
     // TCP both ways over IPv6, intact.
     let (a, b) = (&c.nodes[0].node.pods[0], &c.nodes[1].node.pods[1]);
     let (a6, b6) = (a.ip6.unwrap(), b.ip6.unwrap());
-    let before = [0, 1].map(|i| Fast::of(&c.nodes[i]));
+    let before = [0, 1].map(|i| Snapshot::of(&c.nodes[i].counters()));
     let (n, intact) = tcp_transfer(&b.ns, b6, 5201, &a.ns, 50 << 20);
     assert!(n == 50 << 20 && intact, "{n} bytes to {b6}");
     // Without --ip-masq the bridge masquerades what leaves the node's
     // subnet (as flannel's plugin configures it): the conntrack gate keeps
     // a translated flow on the host stack at the sender, and the receiver,
     // which sees the sending node's address, takes the fast path.
-    let (tx, _) = Fast::of(&c.nodes[0]).since(&before[0]);
-    let (_, rx) = Fast::of(&c.nodes[1]).since(&before[1]);
+    let (tx, _) = fast_shares(&before[0], &Snapshot::of(&c.nodes[0].counters()));
+    let (_, rx) = fast_shares(&before[1], &Snapshot::of(&c.nodes[1].counters()));
     println!(
         "IPv6 TCP, bridge masquerade: {tx:.4} of the sent packets bypassed, {rx:.4} of the received"
     );
@@ -177,13 +170,7 @@ fn a_dual_stack_cluster_reaches_every_pod_over_both_families() {
         "weft-v6.1 removed: IPv6 traffic back after {:?}",
         started.elapsed()
     );
-    let routes = n0
-        .node
-        .ns
-        .ip(&["-6", "route", "show", "proto", "44"])
-        .unwrap();
-    assert_eq!(routes.lines().count(), 2, "{routes}");
-    assert!(routes.contains("dev weft-v6.1"), "{routes}");
+    assert_v6_peer_routes(n0, 2);
 
     // `weft teardown` removes the IPv6 parts too: the device, its routes,
     // table ip6 weft.
@@ -275,16 +262,7 @@ fn masquerade_applies_to_ipv6_too() {
     out.enable_ipv6().unwrap();
     c.underlay.plug(&out, "eth0", "198.18.0.200").unwrap();
     let outside6: std::net::Ipv6Addr = "fd00:18::c8".parse().unwrap();
-    out.ip(&[
-        "-6",
-        "addr",
-        "add",
-        &format!("{outside6}/64"),
-        "dev",
-        "eth0",
-        "nodad",
-    ])
-    .unwrap();
+    out.add_addr6("eth0", outside6, 64).unwrap();
     let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
     let (p1, p2) = (&n1.node.pods[0], &n2.node.pods[0]);
     let table = n1
@@ -311,11 +289,11 @@ fn masquerade_applies_to_ipv6_too() {
     );
     // Untranslated, pod-to-pod IPv6 takes the fast path as IPv4 does: all
     // but a flow's first packets bypass the host stack at both ends.
-    let before = [0, 1].map(|i| Fast::of(&c.nodes[i]));
+    let before = [0, 1].map(|i| Snapshot::of(&c.nodes[i].counters()));
     let (n, intact) = tcp_transfer(&p2.ns, p2.ip6.unwrap(), 5204, &p1.ns, 20 << 20);
     assert!(n == 20 << 20 && intact);
-    let (tx, _) = Fast::of(n1).since(&before[0]);
-    let (_, rx) = Fast::of(n2).since(&before[1]);
+    let (tx, _) = fast_shares(&before[0], &Snapshot::of(&n1.counters()));
+    let (_, rx) = fast_shares(&before[1], &Snapshot::of(&n2.counters()));
     println!("IPv6 TCP, --ip-masq: {tx:.4} of the sent packets bypassed, {rx:.4} of the received");
     if weft_tests::host_routing() == "legacy" {
         assert!(tx == 0.0 && rx == 0.0);

@@ -426,15 +426,7 @@ fn direct_pair() -> Result<(Node, Node)> {
         n.ns.enable_ipv6()?;
         n.ipv6 = true;
         n.ns.ip(&["addr", "add", &format!("198.18.0.{i}/24"), "dev", "eth0"])?;
-        n.ns.ip(&[
-            "-6",
-            "addr",
-            "add",
-            &format!("{}/64", underlay6(i)),
-            "dev",
-            "eth0",
-            "nodad",
-        ])?;
+        n.ns.add_addr6("eth0", underlay6(i), 64)?;
     }
     Ok((a, b))
 }
