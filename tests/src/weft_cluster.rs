@@ -150,6 +150,17 @@ impl WeftCluster {
         });
     }
 
+    /// `n` /24s of `CONFIG`'s network (from 10.244.200.0 up) that no node
+    /// holds: a test's own lease on a fixed subnet could land on one a node
+    /// drew at random, which would be a lease loss, not what it tests.
+    pub fn free_subnets(&self, n: usize) -> Vec<Ipv4Net> {
+        (200..=255u8)
+            .map(|i| Ipv4Net::new(Ipv4Addr::new(10, 244, i, 0), 24).unwrap())
+            .filter(|s| self.nodes.iter().all(|node| node.subnet != *s))
+            .take(n)
+            .collect()
+    }
+
     pub fn pod_ips(&self) -> Vec<Ipv4Addr> {
         self.nodes
             .iter()

@@ -70,7 +70,7 @@ fn a_flannel_node_moves_to_weft_and_back() {
 
     // Node 3 runs flannel: its device, lease, routes, and two pods attached
     // as flannel's plugin attaches them (bridge + host-local, network cbr0).
-    let subnet: Ipv4Net = "10.244.200.0/24".parse().unwrap();
+    let subnet: Ipv4Net = c.free_subnets(1)[0];
     let mut f = Node::new(&c.underlay, 3).unwrap();
     flannel_up(&c, &f, subnet);
     f.use_subnet(subnet, 1450);

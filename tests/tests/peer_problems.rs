@@ -80,11 +80,12 @@ fn a_route_weft_does_not_own_is_left_alone_and_retried() {
     c.add_node(1, &[]).unwrap();
     // Node 2's subnet is fixed by a reservation, and node 1 has a route of
     // its own to it before node 2 shows up.
-    let reserved = "10.244.77.0/24";
+    let subnet = c.free_subnets(1)[0];
+    let reserved = &subnet.to_string();
     c.etcd
         .etcdctl(&[
             "put",
-            &format!("{PREFIX}/subnets/10.244.77.0-24"),
+            &format!("{PREFIX}/subnets/{}", weft::lease::to_key(&subnet)),
             r#"{"PublicIP":"198.18.0.2"}"#,
         ])
         .unwrap();
@@ -92,7 +93,7 @@ fn a_route_weft_does_not_own_is_left_alone_and_retried() {
     n1ns.ip(&["route", "add", reserved, "dev", "eth0", "proto", "static"])
         .unwrap();
     c.add_node(2, &[]).unwrap();
-    assert_eq!(c.nodes[1].subnet.to_string(), reserved);
+    assert_eq!(c.nodes[1].subnet.to_string(), *reserved);
     let n1 = &c.nodes[0];
     eventually("node 1 reports the route conflict", T, || {
         (n1.series("weft_peer_problems{problem=\"route\"}") == Some(1.0)).then_some(())

@@ -57,11 +57,10 @@ fn hostile_leases_are_rejected_and_never_stop_the_network() {
     // Hostile /24s inside Network that no node holds: a fixed subnet could
     // be one a node drew at random, and writing over an honest lease is a
     // lease loss (tested in lease_loss.rs), not a rejection.
-    let held: Vec<_> = c.nodes.iter().map(|n| n.subnet.to_string()).collect();
-    let free: Vec<String> = (200..=255)
-        .map(|i| format!("10.244.{i}.0"))
-        .filter(|s| !held.contains(&format!("{s}/24")))
-        .take(8)
+    let free: Vec<String> = c
+        .free_subnets(8)
+        .iter()
+        .map(|s| s.network().to_string())
         .collect();
     let hostile = |i: usize| (format!("{}-24", free[i]), format!("{}/24", free[i]));
     // (key suffix, value, the prefix that must never be routed, reason on
