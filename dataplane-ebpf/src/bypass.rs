@@ -276,7 +276,15 @@ fn gate(ctx: &TcContext, data: usize, end: usize, ip: &Ipv4Hdr) -> bool {
     let Some(ports) = read::<[u16; 2]>(data, end, l4) else {
         return false;
     };
-    let flags = read::<u8>(data, end, l4 + 13).unwrap_or(0);
+    let flags = if ip.proto == IPPROTO_TCP {
+        // A TCP header out of reach: the stack sees it (it may be a SYN).
+        let Some(f) = read::<u8>(data, end, l4 + 13) else {
+            return false;
+        };
+        f
+    } else {
+        0
+    };
     let flow = Flow::V4 {
         saddr: ip.saddr,
         daddr: ip.daddr,
@@ -294,7 +302,10 @@ fn gate6(ctx: &TcContext, data: usize, end: usize, ip: &Ipv6Hdr) -> bool {
         return false;
     };
     let flags = if ip.next_header == IPPROTO_TCP {
-        read::<u8>(data, end, l4 + 13).unwrap_or(0)
+        let Some(f) = read::<u8>(data, end, l4 + 13) else {
+            return false;
+        };
+        f
     } else {
         0
     };

@@ -17,9 +17,27 @@ use crate::{
     verdict::Dropped,
 };
 
-/// Bytes the classification reads: the outer headers and the inner
-/// Ethernet and IP headers (IPv6's, the longer).
-pub(crate) const CLASSIFY_LEN: usize = INNER_ETH6 + ETH_LEN + IPV6_LEN;
+/// Bytes the classification reads of the common frame: outer IPv4, an
+/// inner IPv4 packet.
+pub(crate) const CLASSIFY_LEN4: usize = INNER_ETH + ETH_LEN + IPV4_LEN;
+
+/// Bytes the classification reads of the frame at `[data, end)` (at least
+/// `CLASSIFY_LEN4` of it in reach): the outer headers and the inner
+/// Ethernet and IP headers of the families it has. Asking for no more keeps
+/// an IPv4 frame's payload out of its linear part: a GSO frame from a local
+/// TCP socket holds only its headers there, and pulling into a cloned skb
+/// copies its head.
+#[inline(always)]
+pub(crate) fn classify_len(data: usize, end: usize) -> usize {
+    let proto = |off: usize| read::<u16>(data, end, off + 12);
+    if proto(0) == Some(ETH_P_IPV6.to_be()) {
+        INNER_ETH6 + ETH_LEN + IPV6_LEN
+    } else if proto(INNER_ETH) == Some(ETH_P_IPV6.to_be()) {
+        INNER_ETH + ETH_LEN + IPV6_LEN
+    } else {
+        CLASSIFY_LEN4
+    }
+}
 
 /// A frame to decapsulate.
 #[derive(Clone, Copy)]

@@ -12,7 +12,7 @@ use dataplane_common::{CONFIG_F_BYPASS, DataplaneConfig, Reason, XDP_DECAP_MARK}
 
 use crate::{
     bypass,
-    decap::{CLASSIFY_LEN, classify, set_ce},
+    decap::{CLASSIFY_LEN4, classify, classify_len, set_ce},
     headers::{ETH_LEN, IPV6_LEN},
     packet::{linear, read, write},
     verdict::{Done, Dropped},
@@ -52,7 +52,8 @@ pub(crate) fn xdp(ctx: &XdpContext, cfg: &DataplaneConfig) -> Result<Done<u32>, 
 #[inline(always)]
 pub(crate) fn tc(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dropped> {
     let len = ctx.len();
-    let (data, end) = linear(ctx, CLASSIFY_LEN)?;
+    let (data, end) = linear(ctx, CLASSIFY_LEN4)?;
+    let (data, end) = linear(ctx, classify_len(data, end))?;
     let Some(decap) = classify(data, end, cfg)? else {
         // Not VXLAN: a direct peer's pod may be sending to one of ours.
         if let Some(action) = bypass::deliver_direct(ctx, cfg) {
