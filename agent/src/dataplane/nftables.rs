@@ -8,11 +8,13 @@
 //!   whose policy may be DROP): found by their comment, deleted and
 //!   appended again, in one batch.
 
-use std::io;
+use anyhow::{Context as _, Result};
 
-use anyhow::{Context as _, Result, bail};
+use super::nfnetlink::{
+    Attr, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST, Socket, is_enoent,
+    message, parse_attrs,
+};
 
-const NETLINK_NETFILTER: i32 = 12;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
@@ -49,15 +51,6 @@ impl Family {
         }
     }
 }
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_MULTI: u16 = 0x2;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLA_F_NESTED: u16 = 0x8000;
 pub(crate) const NF_INET_FORWARD: u32 = 2;
 pub(crate) const NF_INET_POST_ROUTING: u32 = 4;
 const NF_ACCEPT: u32 = 1;
@@ -71,48 +64,6 @@ pub(crate) const MASQ_RANDOM_FULLY: u32 = 0x10;
 /// The comment type in a rule's user data (what iptables shows as
 /// `-m comment --comment`).
 const UDATA_RULE_COMMENT: u8 = 0;
-
-/// A netlink attribute tree.
-enum Attr {
-    Str(u16, String),
-    U32(u16, u32),
-    Bytes(u16, Vec<u8>),
-    Nested(u16, Vec<Attr>),
-}
-
-impl Attr {
-    fn encode(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend([0; 4]);
-        let ty = match self {
-            Attr::Str(t, s) => {
-                out.extend(s.as_bytes());
-                out.push(0);
-                *t
-            }
-            Attr::U32(t, v) => {
-                out.extend(v.to_be_bytes());
-                *t
-            }
-            Attr::Bytes(t, b) => {
-                out.extend(b);
-                *t
-            }
-            Attr::Nested(t, attrs) => {
-                for a in attrs {
-                    a.encode(out);
-                }
-                *t | NLA_F_NESTED
-            }
-        };
-        let len = (out.len() - start) as u16;
-        out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-        out[start + 2..start + 4].copy_from_slice(&ty.to_ne_bytes());
-        while !out.len().is_multiple_of(4) {
-            out.push(0);
-        }
-    }
-}
 
 /// One expression of a rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -321,18 +272,7 @@ impl Batch {
         if flags & NLM_F_ACK != 0 {
             self.acks += 1;
         }
-        let start = self.buf.len();
-        self.buf.extend([0; 16]);
-        self.buf.extend([family, 0]);
-        self.buf.extend(res_id.to_be_bytes());
-        for a in attrs {
-            a.encode(&mut self.buf);
-        }
-        let len = (self.buf.len() - start) as u32;
-        self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
-        self.buf[start + 4..start + 6].copy_from_slice(&ty.to_ne_bytes());
-        self.buf[start + 6..start + 8].copy_from_slice(&flags.to_ne_bytes());
-        self.buf[start + 8..start + 12].copy_from_slice(&self.seq.to_ne_bytes());
+        message(&mut self.buf, self.seq, ty, flags, family, res_id, attrs);
     }
 
     fn msg(&mut self, family: Family, msg: u16, flags: u16, attrs: &[Attr]) {
@@ -549,135 +489,4 @@ fn udata_comment(u: &[u8]) -> Option<&[u8]> {
         o += 2 + len;
     }
     None
-}
-
-/// Top-level attributes of a message body: (type, value).
-fn parse_attrs(mut b: &[u8]) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    while b.len() >= 4 {
-        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
-        let ty = u16::from_ne_bytes([b[2], b[3]]) & !NLA_F_NESTED;
-        if len < 4 || len > b.len() {
-            break;
-        }
-        out.push((ty, &b[4..len]));
-        b = b.get(len.div_ceil(4) * 4..).unwrap_or_default();
-    }
-    out
-}
-
-fn is_enoent(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<io::Error>()
-            .and_then(io::Error::raw_os_error)
-            == Some(libc::ENOENT)
-    })
-}
-
-/// A netfilter netlink socket.
-struct Socket(std::os::fd::OwnedFd);
-
-impl Socket {
-    fn open() -> Result<Self> {
-        use std::os::fd::FromRawFd as _;
-        // SAFETY: a plain socket(2) call; the fd is owned below.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                NETLINK_NETFILTER,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error()).context("opening a netfilter netlink socket");
-        }
-        // SAFETY: fd is a socket we just opened and nothing else owns.
-        Ok(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn send(&self, buf: &[u8]) -> Result<()> {
-        use std::os::fd::AsRawFd as _;
-        // SAFETY: a zeroed sockaddr_nl (the kernel's address) is valid.
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as u16;
-        // SAFETY: sending a valid buffer to a valid address of its size.
-        let sent = unsafe {
-            libc::sendto(
-                self.0.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                0,
-                (&addr as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
-        if sent < 0 {
-            return Err(io::Error::last_os_error().into());
-        }
-        Ok(())
-    }
-
-    /// The messages the kernel answers with, up to `stop` returning true.
-    fn read(&self, mut each: impl FnMut(u16, u16, &[u8]) -> Result<bool>) -> Result<()> {
-        use std::os::fd::AsRawFd as _;
-        let mut buf = vec![0u8; 65536];
-        loop {
-            // SAFETY: receiving into a buffer we own, of its length.
-            let n =
-                unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                return Err(io::Error::last_os_error().into());
-            }
-            let n = n as usize;
-            if n == 0 {
-                bail!("netlink closed");
-            }
-            let mut o = 0;
-            while o + 16 <= n {
-                let len = u32::from_ne_bytes(buf[o..o + 4].try_into().expect("4 bytes")) as usize;
-                let ty = u16::from_ne_bytes(buf[o + 4..o + 6].try_into().expect("2 bytes"));
-                let flags = u16::from_ne_bytes(buf[o + 6..o + 8].try_into().expect("2 bytes"));
-                if len < 16 || o + len > n {
-                    bail!("a malformed netlink message");
-                }
-                if ty == NLMSG_ERROR {
-                    let err = i32::from_ne_bytes(buf[o + 16..o + 20].try_into().expect("4 bytes"));
-                    if err != 0 {
-                        return Err(io::Error::from_raw_os_error(-err).into());
-                    }
-                }
-                if each(ty, flags, &buf[o..o + len])? {
-                    return Ok(());
-                }
-                o += len.div_ceil(4) * 4;
-            }
-        }
-    }
-
-    fn acks(&self, want: usize) -> Result<()> {
-        if want == 0 {
-            return Ok(());
-        }
-        let mut got = 0;
-        self.read(|ty, _, _| {
-            if ty == NLMSG_ERROR {
-                got += 1;
-            }
-            Ok(got >= want)
-        })
-    }
-
-    /// The answers to a get or dump request (until its end).
-    fn dump(&self) -> Result<Vec<Vec<u8>>> {
-        let mut out = Vec::new();
-        self.read(|ty, flags, m| {
-            match ty {
-                NLMSG_DONE => return Ok(true),
-                NLMSG_ERROR => return Ok(true),
-                _ => out.push(m.to_vec()),
-            }
-            Ok(flags & NLM_F_MULTI == 0)
-        })?;
-        Ok(out)
-    }
 }
