@@ -68,6 +68,8 @@ struct Agent {
     host_routing: HostRouting,
     /// Local pods host routing reaches directly.
     endpoints: usize,
+    /// Registrations not fit for host routing: (owner, why).
+    endpoints_rejected: Vec<(String, String)>,
     /// `--ip-masq` (FLANNEL_IPMASQ in subnet.env).
     ip_masq: bool,
     /// rtnetlink reported a change: check the dataplane now.
@@ -242,6 +244,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         state_dir: args.state.state_dir.clone(),
         host_routing: args.host_routing,
         endpoints: 0,
+        endpoints_rejected: Vec::new(),
         ip_masq: args.ip_masq,
         changed: Arc::new(tokio::sync::Notify::new()),
     };
@@ -503,6 +506,7 @@ impl Agent {
                     tracing::info!(endpoints = s.active, "local pods reached by host routing");
                 }
                 self.endpoints = s.active;
+                self.endpoints_rejected = s.rejected;
             }
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "cannot program the local endpoints; retrying")
@@ -569,6 +573,14 @@ impl Agent {
                 .collect(),
             host_routing: self.host_routing.as_str().to_string(),
             endpoints: self.endpoints,
+            endpoints_rejected: self
+                .endpoints_rejected
+                .iter()
+                .map(|(owner, why)| report::RejectedEndpoint {
+                    owner: owner.clone(),
+                    why: why.clone(),
+                })
+                .collect(),
             decap: self.dataplane.decap().map(|d| report::Decap {
                 hook: d.hook.to_string(),
                 why: d.why,
@@ -608,6 +620,9 @@ impl Agent {
             .await?;
         if let Some(c) = self.dataplane.counters() {
             self.metrics.set_counters(c);
+        }
+        if let Some(l) = self.dataplane.liberal() {
+            self.metrics.set_liberal(l);
         }
         self.write_subnet_env(held.subnet)?;
         self.subnet = Some(held.subnet);

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use crate::dataplane::Counters;
+use crate::dataplane::{Counters, LiberalStats};
 
 /// What `weft_repairs_total` counts, all shown from the start.
 const REPAIRS: [&str; 7] = [
@@ -60,6 +60,8 @@ pub(crate) struct Metrics {
     etcd_members: Mutex<Vec<(String, bool)>>,
     /// The dataplane's packet counters, once it is up.
     counters: OnceLock<Arc<Counters>>,
+    /// What the marking of fast-path flows as liberal did (host routing).
+    liberal: OnceLock<Arc<LiberalStats>>,
 }
 
 #[derive(Default)]
@@ -144,6 +146,9 @@ impl Metrics {
     }
     pub(crate) fn set_counters(&self, c: Arc<Counters>) {
         let _ = self.counters.set(c);
+    }
+    pub(crate) fn set_liberal(&self, l: Arc<LiberalStats>) {
+        let _ = self.liberal.set(l);
     }
 
     pub(crate) fn observe_acquire(&self, took: Duration) {
@@ -314,6 +319,20 @@ impl Metrics {
         );
         if let Some(c) = self.counters.get() {
             render_counters(&mut o, c);
+        }
+        if let Some(l) = self.liberal.get() {
+            let name = "weft_conntrack_liberal_total";
+            let _ = writeln!(
+                o,
+                "# HELP {name} Fast-path TCP flows whose conntrack entry was made liberal (marked), that ended first (gone), or could not be (failed; they stay on the host stack).\n# TYPE {name} counter"
+            );
+            for (result, v) in [
+                ("marked", &l.marked),
+                ("gone", &l.gone),
+                ("failed", &l.failed),
+            ] {
+                let _ = writeln!(o, "{name}{{result=\"{result}\"}} {}", v.load(Relaxed));
+            }
         }
         o
     }

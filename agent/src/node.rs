@@ -213,6 +213,7 @@ mod tests {
             arp: true,
             kind: None,
             xdp: None,
+            peer_netns: None,
         }
     }
 

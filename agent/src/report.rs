@@ -29,6 +29,10 @@ pub(crate) struct Report {
     pub(crate) host_routing: String,
     /// Local pods host routing reaches directly.
     pub(crate) endpoints: usize,
+    /// Pods' registrations not fit for host routing, and why (their pods
+    /// take the host stack).
+    #[serde(default)]
+    pub(crate) endpoints_rejected: Vec<RejectedEndpoint>,
     /// Where decapsulation runs, and why.
     pub(crate) decap: Option<Decap>,
     /// `--ip-masq`.
@@ -57,6 +61,13 @@ pub(crate) struct PeerProblem {
     pub(crate) vtep: String,
     pub(crate) problem: String,
     pub(crate) error: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RejectedEndpoint {
+    /// The attachment: container id and interface name.
+    pub(crate) owner: String,
+    pub(crate) why: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

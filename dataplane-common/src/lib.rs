@@ -28,8 +28,10 @@ pub const MAX_PEERS: u32 = 65_536;
 /// meaning). Pins live in a directory named after it (`maps-v2`), so an
 /// agent never reuses maps another version created; it bumps whenever a
 /// map's layout or meaning changes. Version 1 pinned into `maps`.
-/// Version 3 added the IPv6 maps and the IPv6 half of the config.
-pub const LAYOUT_VERSION: u32 = 3;
+/// Version 3 added the IPv6 maps and the IPv6 half of the config;
+/// version 4 the conntrack settings and the node's own subnets in the
+/// config, the `drop_invalid_source` counter and the conntrack requests.
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Map names, as the programs declare them and the agent pins them.
 pub mod map_names {
@@ -41,6 +43,12 @@ pub mod map_names {
     pub const PEERS6: &str = "WEFT_PEERS6";
     pub const VTEPS6: &str = "WEFT_VTEPS6";
     pub const ENDPOINTS6: &str = "WEFT_ENDPOINTS6";
+    pub const POD_IFS: &str = "WEFT_POD_IFS";
+    /// Ring buffer: flows whose conntrack entry the agent is asked to make
+    /// liberal (see `CtRequest`).
+    pub const CT_REQUESTS: &str = "WEFT_CT_REQUESTS";
+    /// Flows asked about recently (LRU), so a flow is asked about once.
+    pub const CT_ASKED: &str = "WEFT_CT_ASKED";
 }
 
 /// Program names, as the programs declare them.
@@ -77,6 +85,25 @@ pub struct Endpoint {
     /// The MAC the pod's gateway has (source of what is delivered to it).
     pub gw_mac: [u8; 6],
 }
+
+/// A pod's veth as host routing knows it: the value of the `WEFT_POD_IFS`
+/// hash map, keyed by the ifindex of the veth's host side. A packet from
+/// that veth takes the fast path only if its source is one of these.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PodIf {
+    /// The pod's IPv4 address (network order), if `POD_IF_V4`.
+    pub ip4_be: u32,
+    /// Bit flags, see `POD_IF_*`.
+    pub flags: u32,
+    /// The pod's IPv6 address, if `POD_IF_V6`.
+    pub ip6: [u8; 16],
+}
+
+/// `PodIf::flags`: the pod has an IPv4 address.
+pub const POD_IF_V4: u32 = 1;
+/// `PodIf::flags`: the pod has an IPv6 address.
+pub const POD_IF_V6: u32 = 2;
 
 /// Where packets to one remote subnet go: the remote node's VTEP.
 ///
@@ -157,6 +184,48 @@ pub struct DataplaneConfig {
     /// Our IPv6 VTEP MAC (the inner source MAC over IPv6).
     pub vtep6_mac: [u8; 6],
     pub _pad1: [u8; 2],
+    /// This node's IPv4 pod subnet and its netmask (network order; a zero
+    /// mask: none). A pod's packet from an address in it that is not the
+    /// pod's own is spoofed.
+    pub subnet4_be: u32,
+    pub mask4_be: u32,
+    /// This node's IPv6 pod subnet and its netmask (all zero: none).
+    pub subnet6: [u8; 16],
+    pub mask6: [u8; 16],
+    /// conntrack (`--host-routing auto`): the timeout, in milliseconds, a
+    /// fast-path TCP flow's ESTABLISHED entry is refreshed to
+    /// (`nf_conntrack_tcp_timeout_established`), and a UDP flow's
+    /// (`nf_conntrack_udp_timeout_stream`); 0: never refreshed.
+    pub ct_tcp_timeout_ms: u32,
+    pub ct_udp_timeout_ms: u32,
+    /// Refresh an entry only once fewer than this many jiffies are left
+    /// (half its timeout): an entry's line is written about once per half
+    /// timeout, not per packet.
+    pub ct_tcp_refresh_jiffies: u32,
+    pub ct_udp_refresh_jiffies: u32,
+}
+
+/// A flow whose conntrack entry is ESTABLISHED and ASSURED but not yet
+/// liberal: the programs ask the agent (through the `WEFT_CT_REQUESTS`
+/// ring buffer) to mark both its directions `IP_CT_TCP_FLAG_BE_LIBERAL`
+/// over ctnetlink, as the kernel's flowtable does when it offloads a flow,
+/// so a packet of it that takes the host stack later (a FIN, a hand-back)
+/// is in window for conntrack, which did not see the window move. Also the
+/// key of `WEFT_CT_ASKED`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtRequest {
+    /// 4 or 6.
+    pub family: u8,
+    /// IPPROTO_TCP.
+    pub proto: u8,
+    pub _pad: u16,
+    /// Ports, network order, as the packet carries them.
+    pub sport: u16,
+    pub dport: u16,
+    /// Addresses as the packet carries them (IPv4: the first 4 bytes).
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
 }
 
 /// Set once the agent has written a complete configuration; until then the
@@ -230,10 +299,14 @@ pub enum Reason {
     /// Host routing, DirectRouting: arrived unencapsulated from a peer on
     /// the uplink's own subnet and delivered straight into a local pod.
     DirectRx = 15,
+    /// Host routing: a pod's packet whose source is another local pod's
+    /// address, or in the node's pod subnets but not the pod's own, or the
+    /// node's address (Cilium's DROP_INVALID_SIP).
+    DropInvalidSource = 16,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 17;
 
     pub const ALL: [Reason; Reason::COUNT as usize] = [
         Reason::Encapsulated,
@@ -252,6 +325,7 @@ impl Reason {
         Reason::DecapBypass,
         Reason::DirectTx,
         Reason::DirectRx,
+        Reason::DropInvalidSource,
     ];
 
     /// The name used in metrics and `weft status`.
@@ -273,6 +347,7 @@ impl Reason {
             Reason::DecapBypass => "decap_bypass",
             Reason::DirectTx => "direct_tx",
             Reason::DirectRx => "direct_rx",
+            Reason::DropInvalidSource => "drop_invalid_source",
         }
     }
 
@@ -288,6 +363,7 @@ impl Reason {
                 | Reason::DropError
                 | Reason::DropFragment
                 | Reason::DropEcn
+                | Reason::DropInvalidSource
         )
     }
 }
@@ -308,6 +384,10 @@ mod pod {
     unsafe impl aya::Pod for super::Counter {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Endpoint {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::CtRequest {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PodIf {}
 }
 
 #[cfg(test)]
@@ -319,7 +399,9 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<Vtep>(), 12);
         assert_eq!(size_of::<VtepInfo>(), 4);
-        assert_eq!(size_of::<DataplaneConfig>(), 68);
+        assert_eq!(size_of::<DataplaneConfig>(), 124);
+        assert_eq!(size_of::<CtRequest>(), 40);
+        assert_eq!(size_of::<PodIf>(), 24);
         assert_eq!(size_of::<Vtep6>(), 24);
         assert_eq!(size_of::<Counter>(), 16);
         assert_eq!(size_of::<Endpoint>(), 16);

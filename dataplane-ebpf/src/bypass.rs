@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, DataplaneConfig, Endpoint,
-    Reason, VTEP_F_DIRECT, Vtep,
+    POD_IF_V4, POD_IF_V6, PodIf, Reason, VTEP_F_DIRECT, Vtep,
 };
 
 use crate::{
@@ -24,12 +24,12 @@ use crate::{
         ENCAP_LEN, ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV4_LEN, IPV6_LEN, Ipv4Hdr,
         Ipv6Hdr, csum_replace,
     },
-    maps::{WEFT_ENDPOINTS, WEFT_ENDPOINTS6, WEFT_PEERS, WEFT_PEERS6},
-    packet::{linear, read, write},
+    maps::{WEFT_ENDPOINTS, WEFT_ENDPOINTS6, WEFT_PEERS, WEFT_PEERS6, WEFT_POD_IFS},
+    packet::{eq16, linear, read, write},
     verdict::{Done, Dropped},
 };
 
-const IPPROTO_TCP: u8 = 6;
+use crate::ct::IPPROTO_TCP;
 
 /// `PACKET_HOST`: what a frame addressed to the receiving device is.
 const PACKET_HOST: u32 = 0;
@@ -58,12 +58,17 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
     let Some(ip) = read::<Ipv4Hdr>(data, end, ETH_LEN) else {
         return Ok(pass);
     };
-    // Not IPv4, or a TTL the host stack must answer: its business.
-    if eth.proto != ETH_P_IP.to_be()
-        || cfg.flags & CONFIG_F_IPV4 == 0
-        || ip.ver_ihl >> 4 != 4
-        || ip.ttl <= 1
-    {
+    // Not IPv4: its business.
+    if eth.proto != ETH_P_IP.to_be() || cfg.flags & CONFIG_F_IPV4 == 0 || ip.ver_ihl >> 4 != 4 {
+        return Ok(pass);
+    }
+    match source4(ctx, cfg, ip.saddr) {
+        Source::Endpoint => {}
+        Source::Spoofed => return Err(Dropped::at(Reason::DropInvalidSource, ip.saddr, ip.daddr)),
+        Source::Other => return Ok(pass),
+    }
+    // A TTL the host stack must answer.
+    if ip.ttl <= 1 {
         return Ok(pass);
     }
     let Some(vtep) = WEFT_PEERS.get(Key::new(32, ip.daddr)) else {
@@ -78,7 +83,7 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
     if too_big(ctx, cfg, len) {
         return Ok(pass);
     }
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, data, end, &ip) {
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, cfg, data, end, &ip) {
         return Ok(pass);
     }
     // An skb that cannot be encapsulated (one that already is) is left
@@ -116,12 +121,17 @@ fn from_pod6(
     let Some(ip) = read::<Ipv6Hdr>(data, end, ETH_LEN) else {
         return Ok(pass);
     };
-    // No IPv6 overlay device (yet): the stack reports why.
-    if cfg.flags & CONFIG_F_IPV6 == 0
-        || cfg.overlay6_ifindex == 0
-        || ip.version() != 6
-        || ip.hop_limit <= 1
-    {
+    if cfg.flags & CONFIG_F_IPV6 == 0 || ip.version() != 6 {
+        return Ok(pass);
+    }
+    match source6(ctx, cfg, &ip.saddr) {
+        Source::Endpoint => {}
+        Source::Spoofed => return Err(Dropped::at6(Reason::DropInvalidSource, ETH_LEN)),
+        Source::Other => return Ok(pass),
+    }
+    // No IPv6 overlay device (yet): the stack reports why; and a hop
+    // limit the stack must answer.
+    if cfg.overlay6_ifindex == 0 || ip.hop_limit <= 1 {
         return Ok(pass);
     }
     let Some(vtep) = WEFT_PEERS6.get(Key::new(128, ip.daddr)) else {
@@ -133,7 +143,7 @@ fn from_pod6(
     if too_big6(ctx, cfg, len) {
         return Ok(pass);
     }
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate6(ctx, data, end, &ip) {
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate6(ctx, cfg, data, end, &ip) {
         return Ok(pass);
     }
     // The hop through this node, as routing would count it.
@@ -176,7 +186,7 @@ fn direct(
     if gso_size == 0 && len - ETH_LEN as u32 > cfg.uplink_mtu {
         return Ok(pass);
     }
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, data, end, ip) {
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, cfg, data, end, ip) {
         return Ok(pass);
     }
     if !dec_ttl(ctx.data(), ctx.data_end(), ETH_LEN) {
@@ -227,7 +237,7 @@ pub(crate) fn deliver(ctx: &TcContext, cfg: &DataplaneConfig) -> Option<i32> {
         }
         // SAFETY: a plain hash lookup; the value is copied out at once.
         let ep = *unsafe { WEFT_ENDPOINTS6.get(ip.daddr) }?;
-        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate6(ctx, data, end, &ip) {
+        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate6(ctx, cfg, data, end, &ip) {
             return None;
         }
         if !write(data, end, ETH_LEN + 7, ip.hop_limit - 1) {
@@ -241,7 +251,7 @@ pub(crate) fn deliver(ctx: &TcContext, cfg: &DataplaneConfig) -> Option<i32> {
         }
         // SAFETY: a plain hash lookup; the value is copied out at once.
         let ep = *unsafe { WEFT_ENDPOINTS.get(ip.daddr) }?;
-        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, data, end, &ip) {
+        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, cfg, data, end, &ip) {
             return None;
         }
         if !dec_ttl(data, end, ETH_LEN) {
@@ -268,7 +278,7 @@ fn into_pod(ctx: &TcContext, data: usize, end: usize, ep: &Endpoint) -> Option<i
 /// The conntrack gate, for an IPv4 packet at `ETH_LEN` (no options: the
 /// ports are right after the header).
 #[inline(always)]
-fn gate(ctx: &TcContext, data: usize, end: usize, ip: &Ipv4Hdr) -> bool {
+fn gate(ctx: &TcContext, cfg: &DataplaneConfig, data: usize, end: usize, ip: &Ipv4Hdr) -> bool {
     if ip.ver_ihl != 0x45 || u16::from_be(ip.frag_off) & 0x3fff != 0 {
         return false;
     }
@@ -289,14 +299,14 @@ fn gate(ctx: &TcContext, data: usize, end: usize, ip: &Ipv4Hdr) -> bool {
         saddr: ip.saddr,
         daddr: ip.daddr,
     };
-    ct::allows(ctx, flow, ip.proto, (ports[0], ports[1]), flags)
+    ct::allows(ctx, cfg, flow, ip.proto, (ports[0], ports[1]), flags)
 }
 
 /// The conntrack gate for an IPv6 packet at `ETH_LEN`: TCP or UDP right
 /// after the fixed header (anything with extension headers takes the
 /// stack).
 #[inline(always)]
-fn gate6(ctx: &TcContext, data: usize, end: usize, ip: &Ipv6Hdr) -> bool {
+fn gate6(ctx: &TcContext, cfg: &DataplaneConfig, data: usize, end: usize, ip: &Ipv6Hdr) -> bool {
     let l4 = ETH_LEN + IPV6_LEN;
     let Some(ports) = read::<[u16; 2]>(data, end, l4) else {
         return false;
@@ -313,7 +323,87 @@ fn gate6(ctx: &TcContext, data: usize, end: usize, ip: &Ipv6Hdr) -> bool {
         saddr: ip.saddr,
         daddr: ip.daddr,
     };
-    ct::allows(ctx, flow, ip.next_header, (ports[0], ports[1]), flags)
+    ct::allows(ctx, cfg, flow, ip.next_header, (ports[0], ports[1]), flags)
+}
+
+/// What the source of a pod's packet is, seen from the veth it came from.
+enum Source {
+    /// The address of the pod behind this veth: the fast path may take it.
+    Endpoint,
+    /// Another local pod's address, one of the node's pod subnets that is
+    /// not this pod's, or the node's own address: dropped (the host stack
+    /// would forward the first and drop the last as a martian; neither may
+    /// reach another node as if this pod were someone else).
+    Spoofed,
+    /// Anything else (a pod that routes for others, a link-local source),
+    /// or a veth host routing does not know (yet): the host stack decides,
+    /// never the fast path.
+    Other,
+}
+
+/// The addresses of the pod behind the veth the packet came in on, if
+/// host routing knows that veth.
+#[inline(always)]
+fn pod_if(ctx: &TcContext) -> Option<PodIf> {
+    // SAFETY: reading a field of the context's own sk_buff.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a plain hash lookup; the value is copied out at once.
+    unsafe { WEFT_POD_IFS.get(ifindex) }.copied()
+}
+
+#[inline(always)]
+fn source4(ctx: &TcContext, cfg: &DataplaneConfig, saddr: u32) -> Source {
+    // An unknown veth (the agent is programming it): the stack decides.
+    let Some(pod) = pod_if(ctx) else {
+        return Source::Other;
+    };
+    if pod.flags & POD_IF_V4 != 0 && pod.ip4_be == saddr {
+        return Source::Endpoint;
+    }
+    let own = cfg.mask4_be != 0 && saddr & cfg.mask4_be == cfg.subnet4_be;
+    // SAFETY: a plain hash lookup; the value is not used.
+    let other_pod = unsafe { WEFT_ENDPOINTS.get(saddr) }.is_some();
+    if own || other_pod || saddr == cfg.local_addr_be {
+        Source::Spoofed
+    } else {
+        Source::Other
+    }
+}
+
+#[inline(always)]
+fn source6(ctx: &TcContext, cfg: &DataplaneConfig, saddr: &[u8; 16]) -> Source {
+    let Some(pod) = pod_if(ctx) else {
+        return Source::Other;
+    };
+    if pod.flags & POD_IF_V6 != 0 && eq16(&pod.ip6, saddr) {
+        return Source::Endpoint;
+    }
+    // SAFETY: a plain hash lookup; the value is not used.
+    let other_pod = unsafe { WEFT_ENDPOINTS6.get(saddr) }.is_some();
+    if in_subnet6(saddr, &cfg.subnet6, &cfg.mask6) || other_pod || eq16(saddr, &cfg.local_addr6) {
+        Source::Spoofed
+    } else {
+        Source::Other
+    }
+}
+
+/// Whether `a` lies in `net`/`mask` (a zero mask: no subnet).
+#[inline(always)]
+fn in_subnet6(a: &[u8; 16], net: &[u8; 16], mask: &[u8; 16]) -> bool {
+    let w = |x: &[u8; 16], i: usize| {
+        u64::from_ne_bytes([
+            x[i],
+            x[i + 1],
+            x[i + 2],
+            x[i + 3],
+            x[i + 4],
+            x[i + 5],
+            x[i + 6],
+            x[i + 7],
+        ])
+    };
+    let (m0, m1) = (w(mask, 0), w(mask, 8));
+    m0 != 0 && w(a, 0) & m0 == w(net, 0) && w(a, 8) & m1 == w(net, 8)
 }
 
 /// Decrements the TTL of the IPv4 header at `off`, updating its checksum.

@@ -1,21 +1,55 @@
 //! The conntrack gate of `--host-routing auto`: a flow bypasses the host
-//! stack only once the stack has let it through, and only if nothing in
-//! netfilter rewrites it.
+//! stack only once the stack has let it through and conntrack holds it as
+//! the stack would have kept it, and only if nothing in netfilter rewrites
+//! it. conntrack must never turn against a fast-path flow: its entry must
+//! not expire while the flow runs, and a packet of it that takes the stack
+//! later must not be INVALID.
 //!
-//! The first packets of every flow take the host stack, so netfilter
-//! decides (a FORWARD rule that drops them keeps dropping them: their
-//! conntrack entry is never confirmed). Once conntrack holds a confirmed
-//! entry without NAT, the flow's packets bypass the stack. Flows with NAT
-//! (a Service's DNAT, a hostPort) always take the stack, so their replies
-//! are translated back. When a TCP flow ends (FIN or RST bypassing the
-//! stack), its entry's timeout is cut short so conntrack forgets it soon,
-//! as it would have had it seen the end.
+//! - The stack sees every flow until conntrack holds it firmly: for TCP,
+//!   the handshake and the ACK that makes the entry ESTABLISHED and
+//!   ASSURED (the SYN, SYN-ACK and third ACK all take the stack; the
+//!   SYN-ACK already asks for the marking below); for UDP,
+//!   the first packets until a reply has been seen (SEEN_REPLY). A flow
+//!   that FORWARD rules drop is never confirmed and never bypasses.
+//! - TCP then bypasses only once its entry is liberal in both directions
+//!   (`IP_CT_TCP_FLAG_BE_LIBERAL`): conntrack no longer sees the window
+//!   move, so a packet that takes the stack later (a FIN or RST, a segment
+//!   too big for the fast path, a flow whose endpoint changed) would be out
+//!   of window, hence INVALID, to a strict conntrack (`tcp_loose=0`,
+//!   `ct state invalid drop`). No kfunc can write those flags; the agent
+//!   does, over ctnetlink, when the programs ask (the `WEFT_CT_REQUESTS`
+//!   ring buffer), as the kernel's flowtable does when it offloads a flow.
+//!   Until then the flow's packets take the stack, which keeps the window
+//!   current; with the agent away new flows simply stay on the stack.
+//! - FIN and RST always take the stack, and so does every packet of an
+//!   entry that is no longer ESTABLISHED: conntrack's own state machine
+//!   ends the flow (a half-closed connection streams on through the stack,
+//!   which keeps its timeouts), so no closing flow outlives what the stack
+//!   gives it.
+//! - UDP entries that have seen a reply are marked ASSURED (as conntrack
+//!   does after two seconds of a stream), so early_drop spares them.
+//! - While a flow bypasses, its entry's timeout is refreshed to the
+//!   sysctl's (`nf_conntrack_tcp_timeout_established`,
+//!   `nf_conntrack_udp_timeout_stream`, passed in by the agent), but only
+//!   once less than half of it is left: the entry's cache line is read on
+//!   every packet and written about once per half timeout.
+//! - Flows with NAT (a Service's DNAT, a hostPort) always take the stack,
+//!   so their replies are translated back.
 //!
-//! conntrack is reached through the kernel's kfuncs `bpf_skb_ct_lookup`,
-//! `bpf_ct_release` and `bpf_ct_change_timeout` (Linux 6.0); the agent
-//! resolves the calls against the kernel's BTF when it loads the programs.
+//! conntrack is reached through the kernel's kfuncs (`bpf_skb_ct_lookup`,
+//! `bpf_ct_release`, `bpf_ct_change_timeout`, `bpf_ct_change_status`, Linux
+//! 6.0); the agent resolves the calls against the kernel's BTF when it
+//! loads the programs, and the offsets of the `nf_conn` fields read here
+//! with them.
 
-use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
+use aya_ebpf::{
+    bindings::__sk_buff,
+    helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns},
+    programs::TcContext,
+};
+use dataplane_common::{CtRequest, DataplaneConfig};
+
+use crate::maps::{WEFT_CT_ASKED, WEFT_CT_REQUESTS};
 
 /// `struct bpf_sock_tuple` for IPv4 (the kernel's is a union; 12 bytes).
 #[repr(C)]
@@ -44,8 +78,7 @@ union SockTuple {
     v6: SockTupleV6,
 }
 
-/// What the gate asks conntrack about: a packet's addresses, protocol,
-/// ports and TCP flags.
+/// What the gate asks conntrack about: a packet's addresses.
 #[derive(Clone, Copy)]
 pub(crate) enum Flow {
     V4 { saddr: u32, daddr: u32 },
@@ -103,32 +136,65 @@ unsafe extern "C" {
     ) -> *mut NfConn;
     fn bpf_ct_release(ct: *mut NfConn);
     fn bpf_ct_change_timeout(ct: *mut NfConn, timeout: u32) -> i32;
+    fn bpf_ct_change_status(ct: *mut NfConn, status: u32) -> i32;
 }
 
-/// Byte offset of `status` in this kernel's `struct nf_conn`, set by the
-/// agent from the kernel's BTF when it loads the programs (a constant of
-/// the loaded object, so the verifier sees a fixed field access).
+/// Byte offsets of the `nf_conn` fields read here, in this kernel's layout:
+/// set by the agent from the kernel's BTF when it loads the programs
+/// (constants of the loaded object, so the verifier sees fixed field
+/// accesses). `status` (8 bytes), `timeout` (4), and in `proto.tcp` the
+/// TCP state and each direction's `seen[].flags` (1 each).
 #[unsafe(no_mangle)]
 static NF_CONN_STATUS_OFF: u32 = 0;
+#[unsafe(no_mangle)]
+static NF_CONN_TIMEOUT_OFF: u32 = 0;
+#[unsafe(no_mangle)]
+static NF_CONN_TCP_STATE_OFF: u32 = 0;
+#[unsafe(no_mangle)]
+static NF_CONN_TCP_FLAGS0_OFF: u32 = 0;
+#[unsafe(no_mangle)]
+static NF_CONN_TCP_FLAGS1_OFF: u32 = 0;
 
 /// `BPF_F_CURRENT_NETNS`.
 const CURRENT_NETNS: i32 = -1;
+const IPS_SEEN_REPLY: u64 = 1 << 1;
+const IPS_ASSURED: u64 = 1 << 2;
 const IPS_CONFIRMED: u64 = 1 << 3;
 /// `IPS_SRC_NAT | IPS_DST_NAT`.
 const IPS_NAT_MASK: u64 = (1 << 4) | (1 << 5);
-const IPPROTO_TCP: u8 = 6;
+/// `TCP_CONNTRACK_ESTABLISHED`.
+const TCP_CONNTRACK_ESTABLISHED: u8 = 3;
+/// `IP_CT_TCP_FLAG_BE_LIBERAL`.
+const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
+pub(crate) const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
-/// How long conntrack keeps a TCP flow once it ended on the fast path (ms).
-const CLOSED_TIMEOUT_MS: u32 = 10_000;
+const TCP_ACK: u8 = 0x10;
+/// A flow not yet liberal is asked about again after this long (the
+/// request or its answer was lost: a full ring, the agent away).
+const ASK_AGAIN_NS: u64 = 200_000_000;
+/// `BPF_RB_FORCE_WAKEUP`.
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+
+/// Reads the `T` at byte `off` of the entry.
+#[inline(always)]
+fn field<T: Copy>(ct: *mut NfConn, off: &'static u32) -> T {
+    // SAFETY: a constant of the loaded object.
+    let off = unsafe { core::ptr::read_volatile(off) } as usize;
+    // SAFETY: ct is a valid, referenced nf_conn and `off` is the offset of
+    // a field of type T in this kernel's layout (from its BTF); the
+    // verifier checks the access against that BTF.
+    unsafe { core::ptr::read_volatile((ct as *const u8).add(off) as *const T) }
+}
 
 /// Whether the packet (its `flow`, L4 protocol `proto`, ports and TCP
-/// flags) may bypass the host stack.
+/// flags) may bypass the host stack; keeps its entry current if so.
 #[inline(always)]
 pub(crate) fn allows(
     ctx: &TcContext,
+    cfg: &DataplaneConfig,
     flow: Flow,
     proto: u8,
     ports: (u16, u16),
@@ -137,8 +203,12 @@ pub(crate) fn allows(
     if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
         return false;
     }
-    // A connection being opened is for the stack to see.
-    if proto == IPPROTO_TCP && tcp_flags & TCP_SYN != 0 {
+    // A connection being opened or closed is for the stack to see. Its
+    // SYN-ACK asks for the entry to be made liberal already, so the
+    // answer is there by the time data flows.
+    let syn_ack = proto == IPPROTO_TCP
+        && tcp_flags & (TCP_SYN | TCP_ACK | TCP_FIN | TCP_RST) == TCP_SYN | TCP_ACK;
+    if proto == IPPROTO_TCP && tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 && !syn_ack {
         return false;
     }
     let (mut tuple, len) = match flow {
@@ -165,24 +235,134 @@ pub(crate) fn allows(
             core::mem::size_of::<SockTupleV6>(),
         ),
     };
-    // Decided before the lookup: nothing but the entry lives across the
-    // kfunc call.
-    let closing = proto == IPPROTO_TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0;
     let ct = lookup(ctx.skb.skb, &mut tuple, len as u32, proto);
     if ct.is_null() {
         return false;
     }
-    // SAFETY: a constant of the loaded object.
-    let off = unsafe { core::ptr::read_volatile(&NF_CONN_STATUS_OFF) } as usize;
-    // SAFETY: ct is a valid nf_conn (checked non-null) and `off` is the
-    // offset of its 8-byte `status` field in this kernel.
-    let status = unsafe { core::ptr::read_volatile((ct as *const u8).add(off) as *const u64) };
-    let ok = status & IPS_CONFIRMED != 0 && status & IPS_NAT_MASK == 0;
-    if ok && closing {
-        // SAFETY: ct is the referenced entry from the lookup.
-        unsafe { bpf_ct_change_timeout(ct, CLOSED_TIMEOUT_MS) };
-    }
+    let ok = match entry(ct, cfg, proto, syn_ack) {
+        Entry::Firm {
+            timeout_ms,
+            refresh,
+        } => {
+            refresh_timeout(ct, timeout_ms, refresh);
+            true
+        }
+        Entry::NotLiberal => {
+            ask(&flow, proto, ports);
+            false
+        }
+        Entry::Stack => false,
+    };
     // SAFETY: releasing the reference the lookup took, once.
     unsafe { bpf_ct_release(ct) };
     ok
+}
+
+/// What an entry says of its flow's next packet.
+enum Entry {
+    /// Held as the stack would: bypass, and keep it current (the timeout
+    /// in ms to refresh to, and when: fewer jiffies left than this).
+    Firm { timeout_ms: u32, refresh: u32 },
+    /// An established TCP flow whose window conntrack must stop checking
+    /// before it leaves the stack.
+    NotLiberal,
+    /// Not (yet, or no longer) for the fast path.
+    Stack,
+}
+
+/// `syn_ack`: the packet is a SYN-ACK (it takes the stack whatever this
+/// says; only whether to ask matters).
+#[inline(always)]
+fn entry(ct: *mut NfConn, cfg: &DataplaneConfig, proto: u8, syn_ack: bool) -> Entry {
+    let status: u64 = field(ct, &NF_CONN_STATUS_OFF);
+    if status & IPS_CONFIRMED == 0 || status & IPS_NAT_MASK != 0 {
+        return Entry::Stack;
+    }
+    if proto == IPPROTO_TCP {
+        // Asked as early as the flow allows (its SYN-ACK, its third ACK),
+        // so the answer is there by the time data flows.
+        let original: u8 = field(ct, &NF_CONN_TCP_FLAGS0_OFF);
+        let reply: u8 = field(ct, &NF_CONN_TCP_FLAGS1_OFF);
+        if original & reply & TCP_FLAG_BE_LIBERAL == 0 {
+            return Entry::NotLiberal;
+        }
+        let state: u8 = field(ct, &NF_CONN_TCP_STATE_OFF);
+        if syn_ack || state != TCP_CONNTRACK_ESTABLISHED || status & IPS_ASSURED == 0 {
+            return Entry::Stack;
+        }
+        return Entry::Firm {
+            timeout_ms: cfg.ct_tcp_timeout_ms,
+            refresh: cfg.ct_tcp_refresh_jiffies,
+        };
+    }
+    if status & IPS_SEEN_REPLY == 0 {
+        return Entry::Stack;
+    }
+    if status & IPS_ASSURED == 0 {
+        // The kfunc sets the status whole (unchangeable bits ignored), and
+        // SEEN_REPLY and ASSURED can only be set: nothing is lost.
+        // SAFETY: ct is the referenced entry from the lookup.
+        unsafe { bpf_ct_change_status(ct, (status | IPS_ASSURED) as u32) };
+    }
+    Entry::Firm {
+        timeout_ms: cfg.ct_udp_timeout_ms,
+        refresh: cfg.ct_udp_refresh_jiffies,
+    }
+}
+
+/// Refreshes the entry's timeout to `timeout_ms` once fewer than `refresh`
+/// jiffies are left of it (the entry's line is only read otherwise).
+#[inline(always)]
+fn refresh_timeout(ct: *mut NfConn, timeout_ms: u32, refresh: u32) {
+    if timeout_ms == 0 {
+        return;
+    }
+    let expires: u32 = field(ct, &NF_CONN_TIMEOUT_OFF);
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_jiffies64() } as u32;
+    let left = expires.wrapping_sub(now) as i32;
+    if left < refresh as i32 {
+        // SAFETY: ct is the referenced entry from the lookup.
+        unsafe { bpf_ct_change_timeout(ct, timeout_ms) };
+    }
+}
+
+/// Asks the agent to make the flow's entry liberal, unless it was asked
+/// recently. The request goes to the map helpers by reference: by value it
+/// is copied again, on a stack the transmit program already nearly fills.
+#[inline(always)]
+#[allow(clippy::needless_borrows_for_generic_args)]
+fn ask(flow: &Flow, proto: u8, ports: (u16, u16)) {
+    let mut req = CtRequest {
+        family: 4,
+        proto,
+        _pad: 0,
+        sport: ports.0,
+        dport: ports.1,
+        saddr: [0; 16],
+        daddr: [0; 16],
+    };
+    match flow {
+        Flow::V4 { saddr, daddr } => {
+            req.saddr[..4].copy_from_slice(&saddr.to_ne_bytes());
+            req.daddr[..4].copy_from_slice(&daddr.to_ne_bytes());
+        }
+        Flow::V6 { saddr, daddr } => {
+            req.family = 6;
+            req.saddr = *saddr;
+            req.daddr = *daddr;
+        }
+    }
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a plain hash lookup; the value is copied out at once.
+    if let Some(at) = unsafe { WEFT_CT_ASKED.get(&req) }
+        && now.wrapping_sub(*at) < ASK_AGAIN_NS
+    {
+        return;
+    }
+    let _ = WEFT_CT_ASKED.insert(&req, &now, 0);
+    // Woken at once (BPF_RB_FORCE_WAKEUP): a flow waits on the stack for
+    // the answer. A full ring: asked again later.
+    let _ = WEFT_CT_REQUESTS.output::<CtRequest>(&req, BPF_RB_FORCE_WAKEUP);
 }

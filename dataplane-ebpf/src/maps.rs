@@ -3,10 +3,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use dataplane_common::{
-    Counter, DataplaneConfig, Endpoint, MAX_ENDPOINTS, MAX_PEERS, Reason, Vtep, Vtep6, VtepInfo,
+    Counter, CtRequest, DataplaneConfig, Endpoint, MAX_ENDPOINTS, MAX_PEERS, PodIf, Reason, Vtep,
+    Vtep6, VtepInfo,
 };
 
 /// Remote subnet (key data: IPv4 address, network order) -> remote VTEP.
@@ -38,6 +39,11 @@ pub(crate) static WEFT_VTEPS6: HashMap<[u8; 16], VtepInfo> = HashMap::pinned(MAX
 #[map]
 pub(crate) static WEFT_ENDPOINTS6: HashMap<[u8; 16], Endpoint> = HashMap::pinned(MAX_ENDPOINTS, 0);
 
+/// The host sides of pods' veths (ifindex) -> the pod's addresses: the
+/// sources a packet from that veth may have on the fast path.
+#[map]
+pub(crate) static WEFT_POD_IFS: HashMap<u32, PodIf> = HashMap::pinned(MAX_ENDPOINTS, 0);
+
 /// This node's settings: one entry.
 #[map]
 pub(crate) static WEFT_CONFIG: Array<DataplaneConfig> = Array::pinned(1, 0);
@@ -45,6 +51,17 @@ pub(crate) static WEFT_CONFIG: Array<DataplaneConfig> = Array::pinned(1, 0);
 /// Packets and bytes by outcome, per CPU.
 #[map]
 pub(crate) static WEFT_COUNTERS: PerCpuArray<Counter> = PerCpuArray::pinned(Reason::COUNT, 0);
+
+/// Flows whose conntrack entry the agent is asked to make liberal (see
+/// `ct.rs`): 1,600 requests of 40 bytes (and their headers) before the ring
+/// is full and further flows wait their turn on the stack.
+#[map]
+pub(crate) static WEFT_CT_REQUESTS: RingBuf = RingBuf::pinned(64 * 1024, 0);
+
+/// When each flow was last asked about (ns), so a flow is asked once, not
+/// on every packet until the agent answers.
+#[map]
+pub(crate) static WEFT_CT_ASKED: LruHashMap<CtRequest, u64> = LruHashMap::pinned(4096, 0);
 
 #[inline(always)]
 pub(crate) fn count(reason: Reason, bytes: u32) {

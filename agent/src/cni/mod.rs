@@ -17,6 +17,7 @@
 mod config;
 mod delegate;
 mod error;
+mod fastpath;
 mod notify;
 mod record;
 
@@ -177,6 +178,7 @@ fn add(conf: &NetConf, env: &Env) -> Result<String, CniError> {
         delegate,
     )?;
     record::write(&conf.state_dir, &rec)?;
+    fastpath::program(&conf.state_dir, &rec);
     notify::agent(&conf.state_dir);
     Ok(result.to_string())
 }
@@ -203,7 +205,8 @@ fn del(conf: &NetConf, env: &Env) -> Result<(), CniError> {
             }
         }
     }
-    if rec.is_some() {
+    if let Some(rec) = &rec {
+        fastpath::unprogram(&conf.state_dir, rec);
         record::remove(&conf.state_dir, &owner)?;
         notify::agent(&conf.state_dir);
     }

@@ -103,19 +103,31 @@ impl Record {
             return Err(bad(format!("the result gives {ifname} no IP address")));
         }
         let ip = ips.remove(0);
+        // The host side of the pod's veth: an interface of the result
+        // outside the sandbox that is not a bridge (whatever the bridge is
+        // called: flannel's is cni0, a chain may name it cbr0) and links to
+        // a peer.
         let host_if = ifaces
             .iter()
             .filter(|i| !in_sandbox(i))
             .filter_map(|i| i["name"].as_str())
-            .find(|n| *n != conf.bridge)
+            .find(|n| *n != conf.bridge && is_pod_device(n))
             .ok_or_else(|| bad("the result names no host side of the pod's veth".into()))?
             .to_string();
         let host_ifindex =
             ifindex(&host_if).ok_or_else(|| bad(format!("no interface {host_if} on the host")))?;
-        let gw_mac = ifaces
+        // The gateway: the bridge the veth is a port of (its MAC is what
+        // the pod's gateway address resolves to), as the result names it
+        // or as the veth's master.
+        let bridge = ifaces
             .iter()
-            .find(|i| i["name"].as_str() == Some(conf.bridge.as_str()))
-            .and_then(|i| i["mac"].as_str()?.parse().ok())
+            .filter(|i| !in_sandbox(i))
+            .filter_map(|i| Some((i["name"].as_str()?, i["mac"].as_str())))
+            .find(|(n, _)| *n == conf.bridge || is_bridge(n));
+        let gw_mac = bridge
+            .and_then(|(_, m)| m?.parse().ok())
+            .or_else(|| bridge.and_then(|(n, _)| sys_mac(n)))
+            .or_else(|| sys_mac(&format!("{host_if}/master")))
             .or_else(|| sys_mac(&conf.bridge))
             .or_else(|| sys_mac(&host_if))
             .ok_or_else(|| bad(format!("no MAC for the gateway ({})", conf.bridge)))?;
@@ -164,6 +176,17 @@ fn ifindex(name: &str) -> Option<u32> {
     // SAFETY: if_nametoindex reads a valid C string.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
     (i != 0).then_some(i)
+}
+
+/// Whether `iface` is a bridge (asked of its driver: sysfs may belong to
+/// another network namespace than the plugin's).
+fn is_bridge(iface: &str) -> bool {
+    crate::dataplane::driver(iface).is_ok_and(|d| d == "bridge")
+}
+
+/// Whether `iface` can be the host side of a pod's device: a veth.
+fn is_pod_device(iface: &str) -> bool {
+    crate::dataplane::driver(iface).is_ok_and(|d| d == "veth")
 }
 
 fn sys_mac(iface: &str) -> Option<MacAddr> {

@@ -195,6 +195,15 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
                     );
                 }
             }
+            if !r.endpoints_rejected.is_empty() {
+                println!(
+                    "\nPods not fit for host routing ({}), on the host stack",
+                    r.endpoints_rejected.len()
+                );
+                for e in &r.endpoints_rejected {
+                    println!("  {}: {}", e.owner, e.why);
+                }
+            }
             if !r.rejected.is_empty() {
                 println!("\nLeases rejected ({})", r.rejected.len());
                 for l in &r.rejected {

@@ -18,6 +18,9 @@ use dataplane_common::LAYOUT_VERSION;
 /// `BPF_FS_MAGIC` from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
+/// The file in the agent's state directory that names its pin directory.
+const ANNOUNCED: &str = "bpffs-dir";
+
 /// The default directory of an agent's pins.
 pub const DEFAULT_DIR: &str = "/sys/fs/bpf/weft";
 
@@ -34,6 +37,31 @@ impl PinDir {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Says, in `state_dir`, that the agent's pins are here, for the CNI
+    /// plugin (which writes host routing's entries of the pods it adds and
+    /// deletes, see `cni/fastpath.rs`).
+    pub(crate) fn announce(&self, state_dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(state_dir)
+            .with_context(|| format!("creating {}", state_dir.display()))?;
+        let tmp = state_dir.join(format!(".{ANNOUNCED}.tmp"));
+        std::fs::write(&tmp, self.root.as_os_str().as_bytes())
+            .and_then(|()| std::fs::rename(&tmp, state_dir.join(ANNOUNCED)))
+            .with_context(|| format!("writing {}", state_dir.join(ANNOUNCED).display()))
+    }
+
+    /// The pins the agent with `state_dir` announced, if any.
+    pub(crate) fn announced(state_dir: &Path) -> Option<Self> {
+        let raw = std::fs::read(state_dir.join(ANNOUNCED)).ok()?;
+        let text = String::from_utf8(raw).ok()?;
+        let root = PathBuf::from(text.trim());
+        root.is_absolute().then(|| Self::new(root))
+    }
+
+    /// Forgets the announcement (teardown).
+    pub(crate) fn unannounce(state_dir: &Path) {
+        let _ = std::fs::remove_file(state_dir.join(ANNOUNCED));
     }
 
     /// Maps are pinned here by name, in a directory of this binary's map

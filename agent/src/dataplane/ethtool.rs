@@ -1,4 +1,6 @@
-//! The one ethtool setting the datapath needs: GRO on the uplink.
+//! The one ethtool setting the datapath needs: GRO on the uplink; and a
+//! device's driver (which tells a veth from a bridge, in any mount
+//! namespace, unlike sysfs).
 //!
 //! Decapsulated packets are handed to the stack by XDP (XDP_PASS); GRO then
 //! merges the inner TCP segments before they are routed to the pods. Physical
@@ -13,6 +15,7 @@ const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GGRO: u32 = 0x2b;
 const ETHTOOL_SGRO: u32 = 0x2c;
 const ETHTOOL_GTXCSUM: u32 = 0x16;
+const ETHTOOL_GDRVINFO: u32 = 0x03;
 
 #[repr(C)]
 struct EthtoolValue {
@@ -20,22 +23,59 @@ struct EthtoolValue {
     data: u32,
 }
 
+/// `struct ethtool_drvinfo`.
+#[repr(C)]
+struct DrvInfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    counts: [u32; 5],
+}
+
 #[repr(C)]
 struct IfReq {
     name: [libc::c_char; libc::IFNAMSIZ],
-    data: *mut EthtoolValue,
+    data: *mut libc::c_void,
     _pad: [u8; 16],
 }
 
 fn ioctl(iface: &str, cmd: u32, data: u32) -> Result<u32> {
+    let mut value = EthtoolValue { cmd, data };
+    raw(iface, (&mut value as *mut EthtoolValue).cast())?;
+    Ok(value.data)
+}
+
+/// The driver of `iface`: "veth", "bridge", "netkit", "virtio_net", ...
+pub(crate) fn driver(iface: &str) -> Result<String> {
+    let mut info = DrvInfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        version: [0; 32],
+        fw_version: [0; 32],
+        bus_info: [0; 32],
+        erom_version: [0; 32],
+        reserved2: [0; 12],
+        counts: [0; 5],
+    };
+    raw(iface, (&mut info as *mut DrvInfo).cast())?;
+    let end = info.driver.iter().position(|b| *b == 0).unwrap_or(32);
+    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
+/// SIOCETHTOOL on `iface` with the command block at `data` (its first word
+/// the command; the kernel reads and writes it by that command's size).
+fn raw(iface: &str, data: *mut libc::c_void) -> Result<()> {
     let name = CString::new(iface)?;
     if name.as_bytes().len() >= libc::IFNAMSIZ {
         bail!("interface name {iface:?} is too long");
     }
-    let mut value = EthtoolValue { cmd, data };
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
-        data: &mut value,
+        data,
         _pad: [0; 16],
     };
     for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
@@ -46,7 +86,8 @@ fn ioctl(iface: &str, cmd: u32, data: u32) -> Result<u32> {
     if fd < 0 {
         return Err(io::Error::last_os_error()).context("socket for ethtool");
     }
-    // SAFETY: SIOCETHTOOL with a valid ifreq pointing at a valid ethtool_value.
+    // SAFETY: SIOCETHTOOL with a valid ifreq pointing at a command block
+    // the caller sized for its command.
     let rc = unsafe { libc::ioctl(fd, SIOCETHTOOL as _, &mut req as *mut IfReq) };
     let err = io::Error::last_os_error();
     // SAFETY: closing the fd we opened.
@@ -54,7 +95,7 @@ fn ioctl(iface: &str, cmd: u32, data: u32) -> Result<u32> {
     if rc < 0 {
         return Err(err).with_context(|| format!("ethtool on {iface}"));
     }
-    Ok(value.data)
+    Ok(())
 }
 
 /// Turns GRO on for `iface`; returns whether it was off.

@@ -1,6 +1,7 @@
 //! Resolving the programs' calls to kernel functions (kfuncs: conntrack's
-//! `bpf_skb_ct_lookup`, `bpf_ct_release`, `bpf_ct_change_timeout`) and the
-//! field offsets they need, against the running kernel's BTF.
+//! `bpf_skb_ct_lookup`, `bpf_ct_release`, `bpf_ct_change_timeout`,
+//! `bpf_ct_change_status`) and the `nf_conn` field offsets the programs
+//! read, against the running kernel's BTF.
 //!
 //! The eBPF object calls the kfuncs as external functions: each call is an
 //! instruction with a relocation against an undefined symbol. The loader
@@ -15,10 +16,11 @@ use anyhow::{Context as _, Result, bail};
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, RelocationTarget};
 
 /// The kfuncs the programs call.
-pub(crate) const KFUNCS: [&str; 3] = [
+pub(crate) const KFUNCS: [&str; 4] = [
     "bpf_skb_ct_lookup",
     "bpf_ct_release",
     "bpf_ct_change_timeout",
+    "bpf_ct_change_status",
 ];
 
 const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
@@ -59,8 +61,62 @@ impl Aligned {
 pub(crate) struct KernelBtf {
     /// BTF ids of the kfuncs, by name.
     pub(crate) kfuncs: HashMap<String, u32>,
-    /// Byte offset of `status` in `struct nf_conn`.
-    pub(crate) nf_conn_status: u32,
+    /// Byte offsets in `struct nf_conn` of what the conntrack gate reads.
+    pub(crate) nf_conn: NfConnOffsets,
+}
+
+/// Where the conntrack gate's fields lie in this kernel's `struct nf_conn`
+/// (the programs get them as constants of the loaded object).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct NfConnOffsets {
+    /// `status` (8 bytes).
+    pub(crate) status: u32,
+    /// `timeout` (4 bytes, jiffies).
+    pub(crate) timeout: u32,
+    /// `proto.tcp.state` (1 byte).
+    pub(crate) tcp_state: u32,
+    /// `proto.tcp.seen[0].flags` and `proto.tcp.seen[1].flags` (1 byte each).
+    pub(crate) tcp_flags: [u32; 2],
+}
+
+impl NfConnOffsets {
+    fn read(btf: &Btf<'_>) -> Result<Self> {
+        let at = |path: &[&str], size: u32| -> Result<u32> {
+            let (off, ty) = btf.member_path("nf_conn", path).with_context(|| {
+                format!(
+                    "the kernel's BTF has no struct nf_conn with a field {}",
+                    path.join(".")
+                )
+            })?;
+            let got = btf.size_of(ty).unwrap_or(0);
+            if got != size {
+                bail!(
+                    "nf_conn.{} has {got} bytes in this kernel, not {size}",
+                    path.join(".")
+                );
+            }
+            Ok(off)
+        };
+        let (seen, seen_ty) = btf
+            .member_path("nf_conn", &["proto", "tcp", "seen"])
+            .context("the kernel's BTF has no nf_conn.proto.tcp.seen")?;
+        let (elem, n) = btf
+            .array(seen_ty)
+            .context("nf_conn.proto.tcp.seen is not an array")?;
+        let (flags, flags_ty) = btf
+            .member_in(elem, "flags")
+            .context("struct ip_ct_tcp_state has no flags")?;
+        let elem_size = btf.size_of(elem).context("the size of ip_ct_tcp_state")?;
+        if n != 2 || btf.size_of(flags_ty) != Some(1) {
+            bail!("nf_conn.proto.tcp.seen is not two states with a one-byte flags field");
+        }
+        Ok(Self {
+            status: at(&["status"], 8)?,
+            timeout: at(&["timeout"], 4)?,
+            tcp_state: at(&["proto", "tcp", "state"], 1)?,
+            tcp_flags: [seen + flags, seen + elem_size + flags],
+        })
+    }
 }
 
 impl KernelBtf {
@@ -77,12 +133,9 @@ impl KernelBtf {
             })?;
             kfuncs.insert(f.to_string(), id);
         }
-        let nf_conn_status = btf
-            .member_offset("nf_conn", "status")
-            .context("the kernel's BTF has no struct nf_conn with a status field")?;
         Ok(Self {
             kfuncs,
-            nf_conn_status,
+            nf_conn: NfConnOffsets::read(&btf)?,
         })
     }
 }
@@ -138,8 +191,17 @@ struct Btf<'a> {
     strings: &'a [u8],
 }
 
+const KIND_INT: u32 = 1;
+const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
 const KIND_FUNC: u32 = 12;
+const KIND_TYPE_TAG: u32 = 18;
 
 impl<'a> Btf<'a> {
     fn parse(raw: &'a [u8]) -> Result<Self> {
@@ -207,19 +269,88 @@ impl<'a> Btf<'a> {
             .map(|i| i as u32 + 1)
     }
 
-    fn member_offset(&self, ty: &str, member: &str) -> Option<u32> {
-        let (info, t) = self.types.iter().find(|(info, t)| {
-            (info >> 24) & 0x1f == KIND_STRUCT && self.name_of(t) == ty.as_bytes()
-        })?;
-        let bitfields = info & (1 << 31) != 0;
-        for m in t[12..].chunks_exact(12) {
-            if self.name(u32::from_le_bytes(m[0..4].try_into().ok()?)) == member.as_bytes() {
-                let off = u32::from_le_bytes(m[8..12].try_into().ok()?);
-                let bits = if bitfields { off & 0xff_ffff } else { off };
-                return (bits % 8 == 0).then_some(bits / 8);
+    fn kind(info: u32) -> u32 {
+        (info >> 24) & 0x1f
+    }
+
+    /// Type `id` (ids start at 1), with typedefs and qualifiers skipped.
+    fn resolve(&self, mut id: u32) -> Option<(u32, &'a [u8])> {
+        for _ in 0..32 {
+            let (info, t) = *self.types.get(id.checked_sub(1)? as usize)?;
+            match Self::kind(info) {
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    id = u32::from_le_bytes(t[8..12].try_into().ok()?);
+                }
+                _ => return Some((id, t)),
             }
         }
         None
+    }
+
+    /// The size in bytes of type `id`.
+    fn size_of(&self, id: u32) -> Option<u32> {
+        let (id, t) = self.resolve(id)?;
+        let info = self.types.get(id as usize - 1)?.0;
+        match Self::kind(info) {
+            KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM => {
+                Some(u32::from_le_bytes(t[8..12].try_into().ok()?))
+            }
+            KIND_ARRAY => {
+                let (elem, n) = self.array(id)?;
+                Some(self.size_of(elem)? * n)
+            }
+            _ => None,
+        }
+    }
+
+    /// The element type and length of array type `id`.
+    fn array(&self, id: u32) -> Option<(u32, u32)> {
+        let (id, t) = self.resolve(id)?;
+        let info = self.types.get(id as usize - 1)?.0;
+        if Self::kind(info) != KIND_ARRAY {
+            return None;
+        }
+        let elem = u32::from_le_bytes(t[12..16].try_into().ok()?);
+        let n = u32::from_le_bytes(t[20..24].try_into().ok()?);
+        Some((elem, n))
+    }
+
+    /// The byte offset and type of `member` in struct or union type `id`.
+    fn member_in(&self, id: u32, member: &str) -> Option<(u32, u32)> {
+        let (id, t) = self.resolve(id)?;
+        let info = self.types.get(id as usize - 1)?.0;
+        if !matches!(Self::kind(info), KIND_STRUCT | KIND_UNION) {
+            return None;
+        }
+        let bitfields = info & (1 << 31) != 0;
+        for m in t[12..].chunks_exact(12) {
+            if self.name(u32::from_le_bytes(m[0..4].try_into().ok()?)) == member.as_bytes() {
+                let ty = u32::from_le_bytes(m[4..8].try_into().ok()?);
+                let off = u32::from_le_bytes(m[8..12].try_into().ok()?);
+                let bits = if bitfields { off & 0xff_ffff } else { off };
+                return (bits % 8 == 0).then_some((bits / 8, ty));
+            }
+        }
+        None
+    }
+
+    /// The byte offset and type of `path` (members, outermost first) in
+    /// struct `ty`.
+    fn member_path(&self, ty: &str, path: &[&str]) -> Option<(u32, u32)> {
+        let root = self
+            .types
+            .iter()
+            .position(|(info, t)| {
+                Self::kind(*info) == KIND_STRUCT && self.name_of(t) == ty.as_bytes()
+            })
+            .map(|i| i as u32 + 1)?;
+        let (mut off, mut id) = (0, root);
+        for m in path {
+            let (o, t) = self.member_in(id, m)?;
+            off += o;
+            id = t;
+        }
+        Some((off, id))
     }
 }
 
@@ -234,6 +365,12 @@ mod tests {
         let k = KernelBtf::read().unwrap();
         assert_eq!(k.kfuncs.len(), KFUNCS.len());
         assert!(k.kfuncs.values().all(|id| *id > 0));
-        assert!(k.nf_conn_status > 0 && k.nf_conn_status.is_multiple_of(8));
+        let o = k.nf_conn;
+        assert!(o.status > 0 && o.status.is_multiple_of(8), "{o:?}");
+        assert!(o.timeout > 0 && o.timeout.is_multiple_of(4), "{o:?}");
+        // proto.tcp: seen[0] (20 bytes: four u32s, td_scale, flags), seen[1],
+        // then state.
+        assert_eq!(o.tcp_flags[1] - o.tcp_flags[0], 20, "{o:?}");
+        assert_eq!(o.tcp_state, o.tcp_flags[1] + 3, "{o:?}");
     }
 }

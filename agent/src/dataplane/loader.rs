@@ -161,10 +161,14 @@ impl Loaded {
             }
         };
         let object = kfuncs::resolve(OBJECT, btf.as_ref())?;
-        let status_off = btf.as_ref().map_or(0, |b| b.nf_conn_status);
+        let o = btf.as_ref().map(|b| b.nf_conn).unwrap_or_default();
         let ebpf = EbpfLoader::new()
             .override_global(aya_log::LEVEL, &level, true)
-            .override_global("NF_CONN_STATUS_OFF", &status_off, true)
+            .override_global("NF_CONN_STATUS_OFF", &o.status, true)
+            .override_global("NF_CONN_TIMEOUT_OFF", &o.timeout, true)
+            .override_global("NF_CONN_TCP_STATE_OFF", &o.tcp_state, true)
+            .override_global("NF_CONN_TCP_FLAGS0_OFF", &o.tcp_flags[0], true)
+            .override_global("NF_CONN_TCP_FLAGS1_OFF", &o.tcp_flags[1], true)
             .map_max_entries(map_names::PEERS, opts.max_peers)
             .map_max_entries(map_names::VTEPS, opts.max_peers)
             .map_max_entries(map_names::PEERS6, opts.max_peers)

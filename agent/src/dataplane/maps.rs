@@ -11,7 +11,8 @@ use aya::maps::{
     lpm_trie::Key,
 };
 use dataplane_common::{
-    Counter, DataplaneConfig, Endpoint, Reason, VTEP_F_DIRECT, Vtep, Vtep6, VtepInfo, map_names,
+    Counter, DataplaneConfig, Endpoint, PodIf, Reason, VTEP_F_DIRECT, Vtep, Vtep6, VtepInfo,
+    map_names,
 };
 
 use super::bpffs::PinDir;
@@ -328,10 +329,12 @@ impl PeerMaps {
 }
 
 /// The endpoint maps: local pods that host routing delivers to directly,
-/// by IPv4 and by IPv6 address.
+/// by IPv4 and by IPv6 address, and the addresses each pod's veth may send
+/// from.
 pub struct EndpointMap {
     map: BpfHashMap<MapData, u32, Endpoint>,
     map6: BpfHashMap<MapData, [u8; 16], Endpoint>,
+    pod_ifs: BpfHashMap<MapData, u32, PodIf>,
 }
 
 impl EndpointMap {
@@ -339,7 +342,31 @@ impl EndpointMap {
         Ok(Self {
             map: BpfHashMap::try_from(open_pinned(pins, map_names::ENDPOINTS)?)?,
             map6: BpfHashMap::try_from(open_pinned(pins, map_names::ENDPOINTS6)?)?,
+            pod_ifs: BpfHashMap::try_from(open_pinned(pins, map_names::POD_IFS)?)?,
         })
+    }
+
+    /// Every pod veth (host side ifindex) -> the pod's addresses.
+    pub fn pod_ifs(&self) -> Result<HashMap<u32, PodIf>> {
+        let mut out = HashMap::new();
+        for item in self.pod_ifs.iter() {
+            let (k, v) = item?;
+            out.insert(k, v);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn set_pod_if(&mut self, ifindex: u32, p: &PodIf) -> Result<()> {
+        self.pod_ifs
+            .insert(ifindex, *p, 0)
+            .with_context(|| format!("programming the addresses of pod veth {ifindex}"))
+    }
+
+    pub(crate) fn remove_pod_if(&mut self, ifindex: u32) -> Result<()> {
+        match self.pod_ifs.remove(&ifindex) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("removing pod veth {ifindex}")),
+        }
     }
 
     /// Every entry: pod address -> endpoint.

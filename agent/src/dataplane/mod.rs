@@ -8,6 +8,7 @@
 //! of leases or of the command line.
 
 mod bpffs;
+mod conntrack;
 mod endpoints;
 mod ethtool;
 mod events;
@@ -17,6 +18,7 @@ mod loader;
 mod maps;
 mod netfilter;
 mod netlink;
+mod nfnetlink;
 mod nftables;
 mod overlay;
 mod sysctl;
@@ -33,12 +35,14 @@ use anyhow::Result;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 pub use bpffs::{DEFAULT_DIR as DEFAULT_PIN_DIR, PinDir, is_bpffs};
+pub(crate) use endpoints::pod_ifs;
 pub use endpoints::{EndpointSpec, EndpointSync};
 pub use loader::{Attachment, Hook, LoadOptions, Loaded, detach, ifindex};
 pub use maps::{Counters, EndpointMap, PeerMaps};
 pub use overlay::{DecapChoice, Healed, Overlay, device_name, device6_name};
 
-pub(crate) use ethtool::{gro, tx_checksum};
+pub(crate) use conntrack::LiberalStats;
+pub(crate) use ethtool::{driver, gro, tx_checksum};
 pub(crate) use events::watch as watch_changes;
 pub(crate) use loader::{pinned_links, pinned_program};
 pub(crate) use netlink::{Link, Netlink};
@@ -393,6 +397,17 @@ impl Dataplane {
                 v
             }
             _ => Vec::new(),
+        }
+    }
+
+    /// What the marking of fast-path flows as liberal in conntrack did,
+    /// once the eBPF dataplane is up.
+    pub(crate) fn liberal(&self) -> Option<Arc<LiberalStats>> {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => Some(o.liberal()),
+            _ => None,
         }
     }
 

@@ -57,6 +57,9 @@ pub(crate) struct Link {
     pub(crate) kind: Option<String>,
     /// The XDP program attached, if any.
     pub(crate) xdp: Option<XdpAttached>,
+    /// The network namespace (its id here) of the device's peer, for a
+    /// veth whose other end lives elsewhere (a pod's).
+    pub(crate) peer_netns: Option<i32>,
 }
 
 /// An XDP program attached to a device.
@@ -688,9 +691,11 @@ fn parse_link(msg: &LinkMessage) -> Link {
         arp: !msg.header.flags.contains(LinkFlags::Noarp),
         kind: None,
         xdp: None,
+        peer_netns: None,
     };
     for attr in &msg.attributes {
         match attr {
+            LinkAttribute::LinkNetNsId(id) => link.peer_netns = Some(*id),
             LinkAttribute::IfName(n) => link.name = n.clone(),
             LinkAttribute::Mtu(m) => link.mtu = *m,
             LinkAttribute::Address(a) if a.len() == 6 => link.mac.copy_from_slice(a),

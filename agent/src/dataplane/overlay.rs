@@ -41,7 +41,8 @@ use tokio::time::Instant;
 use super::{
     DataplaneSpec, HostRouting, OwnSubnets, Peer, PeerUpdate, XdpMode,
     bpffs::PinDir,
-    endpoints::{EndpointSpec, EndpointSync, Endpoints},
+    conntrack,
+    endpoints::{EndpointSpec, EndpointSync, Endpoints, Scope},
     host,
     loader::{self, Attachment, Hook, LoadOptions, Loaded, Replaced},
     maps::{Counters, EndpointMap, PeerMaps},
@@ -145,6 +146,10 @@ pub struct Overlay {
     mtu: u32,
     /// The IPv6 overlay device's MTU.
     mtu6: u32,
+    /// Makes fast-path TCP flows liberal in conntrack when the programs ask
+    /// (`--host-routing auto`); stopped with the overlay.
+    _marker: Option<conntrack::Marker>,
+    liberal: Arc<conntrack::LiberalStats>,
 }
 
 /// What one pass of [`Overlay::heal`] did.
@@ -284,6 +289,7 @@ impl Overlay {
             off_runtime(move || Loaded::load(&pins, &opts))?
         };
         let replaced = loaded.take_replaced();
+        spec.pins.announce(&spec.state_dir)?;
         let maps = PeerMaps::open(&spec.pins)?;
         let endpoint_map = EndpointMap::open(&spec.pins)?;
         let counters = Arc::new(Counters::open(&spec.pins)?);
@@ -317,6 +323,8 @@ impl Overlay {
             uplink_nets,
             mtu,
             mtu6,
+            _marker: None,
+            liberal: Arc::default(),
         };
         netfilter::apply(&o.netfilter())?;
         o.write_config()?;
@@ -355,6 +363,9 @@ impl Overlay {
             );
         }
         o.attachments = attachments;
+        if o.spec.host_routing == HostRouting::Auto && o.loaded.has_conntrack() {
+            o._marker = Some(conntrack::spawn_marker(&o.spec.pins, o.liberal.clone())?);
+        }
         loader::remove_other_versions(&o.spec.pins)?;
         if adopting {
             tracing::info!(
@@ -476,7 +487,22 @@ impl Overlay {
     fn write_config(&mut self) -> Result<()> {
         let v4 = self.subnets.v4.is_some() && self.spec.public_ip.is_some();
         let v6 = self.subnets.v6.is_some() && self.spec.public_ipv6.is_some();
+        let ct = conntrack::Refresh::read();
         let c = DataplaneConfig {
+            subnet4_be: self
+                .subnets
+                .v4
+                .map_or(0, |s| u32::from_ne_bytes(s.network().octets())),
+            mask4_be: self
+                .subnets
+                .v4
+                .map_or(0, |s| u32::from_ne_bytes(s.netmask().octets())),
+            subnet6: self.subnets.v6.map_or([0; 16], |s| s.network().octets()),
+            mask6: self.subnets.v6.map_or([0; 16], |s| s.netmask().octets()),
+            ct_tcp_timeout_ms: ct.tcp_ms,
+            ct_udp_timeout_ms: ct.udp_ms,
+            ct_tcp_refresh_jiffies: ct.tcp_jiffies,
+            ct_udp_refresh_jiffies: ct.udp_jiffies,
             vni: self.spec.vni,
             port: self.spec.port,
             _pad0: 0,
@@ -514,6 +540,11 @@ impl Overlay {
         self.counters.clone()
     }
 
+    /// What the marking of fast-path flows as liberal did.
+    pub(crate) fn liberal(&self) -> Arc<conntrack::LiberalStats> {
+        self.liberal.clone()
+    }
+
     pub fn attachments(&self) -> &[Attachment] {
         &self.attachments
     }
@@ -533,8 +564,13 @@ impl Overlay {
         let not_pods = [
             self.spec.uplink.clone(),
             device_name(self.spec.vni),
+            device_peer_name(self.spec.vni),
             device6_name(self.spec.vni),
         ];
+        let scope = Scope {
+            not_pods: &not_pods,
+            subnets: self.subnets,
+        };
         self.endpoints
             .sync(
                 want,
@@ -542,7 +578,7 @@ impl Overlay {
                 &mut self.loaded,
                 &self.spec.pins,
                 &self.nl,
-                &not_pods,
+                &scope,
             )
             .await
     }
@@ -1248,5 +1284,6 @@ pub(crate) async fn teardown(pins: &PinDir, vni: u32, state_dir: &Path) -> Resul
     let _ = std::fs::remove_dir(pins.links());
     removed.extend(netfilter::remove()?);
     removed.extend(host::restore(state_dir)?);
+    PinDir::unannounce(state_dir);
     Ok(removed)
 }

@@ -1,0 +1,404 @@
+//! conntrack as host routing's gate relies on it (`--host-routing auto`;
+//! the programs' side is `ct.rs` in the eBPF crate): the timeouts fast-path
+//! flows' entries are refreshed to, the kernel tick rate those entries
+//! count in, and the marking of fast-path TCP flows as liberal.
+//!
+//! A TCP flow leaves the host stack only once conntrack stops checking its
+//! window (`IP_CT_TCP_FLAG_BE_LIBERAL` in both directions), so a packet of
+//! it that returns to the stack later is not INVALID to a conntrack that no
+//! longer saw the window move. No kfunc can set those flags; ctnetlink can
+//! (as conntrackd does). The programs ask through the `WEFT_CT_REQUESTS`
+//! ring buffer and the flow stays on the stack until the flags are set:
+//! with the agent away, new flows keep the stack, old ones their fast path.
+
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{MapData, RingBuf};
+use dataplane_common::{CtRequest, map_names};
+
+use super::{
+    bpffs::PinDir,
+    nfnetlink::{Attr, NLM_F_ACK, NLM_F_REQUEST, Socket, is_enoent, message},
+};
+
+/// What the programs refresh a fast-path flow's entry to, and when.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Refresh {
+    /// TCP (ESTABLISHED) and UDP (a stream) timeouts, in milliseconds.
+    pub(crate) tcp_ms: u32,
+    pub(crate) udp_ms: u32,
+    /// Refresh once fewer jiffies than these are left: half the timeout.
+    pub(crate) tcp_jiffies: u32,
+    pub(crate) udp_jiffies: u32,
+}
+
+impl Refresh {
+    /// From this network namespace's conntrack sysctls, as the stack would
+    /// set them on each packet it saw (defaults where unreadable).
+    pub(crate) fn read() -> Self {
+        let secs = |name: &str, default: u64| {
+            std::fs::read_to_string(format!("/proc/sys/net/netfilter/{name}"))
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(default)
+        };
+        Self::from_secs(
+            secs("nf_conntrack_tcp_timeout_established", 432_000),
+            secs("nf_conntrack_udp_timeout_stream", 120),
+            hz(),
+        )
+    }
+
+    fn from_secs(tcp: u64, udp: u64, hz: u32) -> Self {
+        // The kfunc takes milliseconds in a u32 (49 days).
+        let ms = |s: u64| (s.saturating_mul(1000)).min(u32::MAX as u64) as u32;
+        let half = |s: u64| (s.saturating_mul(hz as u64) / 2).min(i32::MAX as u64) as u32;
+        Self {
+            tcp_ms: ms(tcp),
+            udp_ms: ms(udp),
+            tcp_jiffies: half(tcp),
+            udp_jiffies: half(udp),
+        }
+    }
+}
+
+/// The kernel's tick rate (`CONFIG_HZ`): conntrack's timeouts count in
+/// jiffies. From the kernel's config when `/boot` has it, else measured
+/// from `/proc/timer_list` over 200 ms (once).
+fn hz() -> u32 {
+    static HZ: OnceLock<u32> = OnceLock::new();
+    *HZ.get_or_init(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let from_config = std::fs::read_to_string(format!("/boot/config-{}", release.trim()))
+            .ok()
+            .and_then(|c| {
+                c.lines()
+                    .find_map(|l| l.strip_prefix("CONFIG_HZ="))
+                    .and_then(|v| v.trim().parse().ok())
+            });
+        let hz = from_config.or_else(measure_hz).unwrap_or(100);
+        tracing::debug!(hz, "kernel tick rate");
+        hz
+    })
+}
+
+fn measure_hz() -> Option<u32> {
+    let jiffies = || -> Option<u64> {
+        let t = std::fs::read_to_string("/proc/timer_list").ok()?;
+        t.lines()
+            .find_map(|l| l.trim().strip_prefix("jiffies:"))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let (t0, j0) = (Instant::now(), jiffies()?);
+    std::thread::sleep(Duration::from_millis(200));
+    let (j1, dt) = (jiffies()?, t0.elapsed().as_secs_f64());
+    let rate = j1.checked_sub(j0)? as f64 / dt;
+    // The rates Linux is built with.
+    [100u32, 250, 300, 1000].into_iter().min_by(|a, b| {
+        (*a as f64 - rate)
+            .abs()
+            .total_cmp(&(*b as f64 - rate).abs())
+    })
+}
+
+/// What the marking did, for `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct LiberalStats {
+    /// Flows made liberal.
+    pub(crate) marked: AtomicU64,
+    /// Flows gone before they could be (ENOENT).
+    pub(crate) gone: AtomicU64,
+    /// Requests that failed otherwise.
+    pub(crate) failed: AtomicU64,
+}
+
+/// ctnetlink's constants for an update of an entry's TCP flags.
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_NEW: u16 = 0;
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_PROTOINFO: u16 = 4;
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
+const CTA_PROTOINFO_TCP: u16 = 1;
+const CTA_PROTOINFO_TCP_FLAGS_ORIGINAL: u16 = 4;
+const CTA_PROTOINFO_TCP_FLAGS_REPLY: u16 = 5;
+/// `IP_CT_TCP_FLAG_BE_LIBERAL`.
+const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// The ctnetlink update that makes `req`'s entry liberal both ways (an
+/// update only: without NLM_F_CREATE nothing is created). The tuple may be
+/// either direction's: the lookup finds both.
+fn liberal_update(req: &CtRequest, seq: u32) -> Option<Vec<u8>> {
+    let (family, ip) = match req.family {
+        4 => {
+            let a = |b: &[u8; 16]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+            (
+                AF_INET,
+                vec![
+                    Attr::U32(CTA_IP_V4_SRC, a(&req.saddr)),
+                    Attr::U32(CTA_IP_V4_DST, a(&req.daddr)),
+                ],
+            )
+        }
+        6 => (
+            AF_INET6,
+            vec![
+                Attr::Bytes(CTA_IP_V6_SRC, req.saddr.to_vec()),
+                Attr::Bytes(CTA_IP_V6_DST, req.daddr.to_vec()),
+            ],
+        ),
+        _ => return None,
+    };
+    let flags = || vec![TCP_FLAG_BE_LIBERAL, TCP_FLAG_BE_LIBERAL];
+    let attrs = [
+        Attr::Nested(
+            CTA_TUPLE_ORIG,
+            vec![
+                Attr::Nested(CTA_TUPLE_IP, ip),
+                Attr::Nested(
+                    CTA_TUPLE_PROTO,
+                    vec![
+                        Attr::U8(CTA_PROTO_NUM, req.proto),
+                        Attr::U16(CTA_PROTO_SRC_PORT, u16::from_be(req.sport)),
+                        Attr::U16(CTA_PROTO_DST_PORT, u16::from_be(req.dport)),
+                    ],
+                ),
+            ],
+        ),
+        Attr::Nested(
+            CTA_PROTOINFO,
+            vec![Attr::Nested(
+                CTA_PROTOINFO_TCP,
+                vec![
+                    // struct nf_ct_tcp_flags { flags, mask }
+                    Attr::Bytes(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, flags()),
+                    Attr::Bytes(CTA_PROTOINFO_TCP_FLAGS_REPLY, flags()),
+                ],
+            )],
+        ),
+    ];
+    let mut buf = Vec::new();
+    message(
+        &mut buf,
+        seq,
+        (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW,
+        NLM_F_REQUEST | NLM_F_ACK,
+        family,
+        0,
+        &attrs,
+    );
+    Some(buf)
+}
+
+/// A flow's request, readable in logs.
+fn describe(req: &CtRequest) -> String {
+    let port = |p: u16| u16::from_be(p);
+    match req.family {
+        6 => format!(
+            "[{}]:{} -> [{}]:{}",
+            Ipv6Addr::from(req.saddr),
+            port(req.sport),
+            Ipv6Addr::from(req.daddr),
+            port(req.dport)
+        ),
+        _ => format!(
+            "{}:{} -> {}:{}",
+            Ipv4Addr::new(req.saddr[0], req.saddr[1], req.saddr[2], req.saddr[3]),
+            port(req.sport),
+            Ipv4Addr::new(req.daddr[0], req.daddr[1], req.daddr[2], req.daddr[3]),
+            port(req.dport)
+        ),
+    }
+}
+
+/// Answers the programs' requests from the pinned ring buffer under
+/// `pins` on a thread of its own (in this thread's network namespace, the
+/// node's): a flow waits on the stack for the answer, so it must not wait
+/// behind the agent's other work. Stops when the returned [`Marker`] drops.
+pub(crate) fn spawn_marker(pins: &PinDir, stats: Arc<LiberalStats>) -> Result<Marker> {
+    let path = pins.map(map_names::CT_REQUESTS);
+    let data = MapData::from_pin(&path)
+        .with_context(|| format!("opening the pinned ring buffer {}", path.display()))?;
+    let ring = RingBuf::try_from(aya::maps::Map::RingBuf(data))
+        .context("the conntrack request map is not a ring buffer")?;
+    let sock = Socket::open()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = std::thread::Builder::new()
+        .name("weft-conntrack".into())
+        .spawn({
+            let stop = stop.clone();
+            move || serve(ring, sock, &stats, &stop)
+        })
+        .context("starting the conntrack marker thread")?;
+    Ok(Marker {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// The marker thread; stops it when dropped.
+pub(crate) struct Marker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Marker {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How long the thread waits for requests before it looks at `stop`.
+const POLL_MS: i32 = 200;
+
+/// Requests answered before the thread sleeps a millisecond (each takes
+/// tens of microseconds): at most about half a CPU however many flows
+/// start.
+const BATCH: u32 = 32;
+
+/// Makes the calling thread realtime (SCHED_FIFO, the lowest priority): a
+/// flow's first data waits on the host stack until the thread answers. On a
+/// node whose CPUs are busy with traffic a normal thread (even at nice
+/// -20) was measured waking 1 to 3 ms after a request, this one in about
+/// 0.1 ms. Without CAP_SYS_NICE it stays a normal thread.
+fn realtime() {
+    let p = libc::sched_param { sched_priority: 1 };
+    // SAFETY: sched_setscheduler on the calling thread (pid 0) with a
+    // valid parameter block.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
+        tracing::info!(
+            error = %std::io::Error::last_os_error(),
+            "the conntrack marker runs as a normal thread (no CAP_SYS_NICE): new flows may wait a little longer on the host stack"
+        );
+    }
+}
+
+fn serve(mut ring: RingBuf<MapData>, sock: Socket, stats: &LiberalStats, stop: &AtomicBool) {
+    use std::os::fd::AsRawFd as _;
+    realtime();
+    let mut seq = 0u32;
+    while !stop.load(Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd: ring.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one valid pollfd, for at most POLL_MS.
+        let n = unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::error!(error = %e, "cannot poll the conntrack requests; fast-path TCP flows stay on the stack");
+            return;
+        }
+        let mut batch = 0u32;
+        while let Some(item) = ring.next() {
+            if item.len() < std::mem::size_of::<CtRequest>() {
+                continue;
+            }
+            batch += 1;
+            if batch % BATCH == 0 {
+                // A storm of new flows: the thread is realtime, so it
+                // leaves the CPU to the rest now and then (what waits stays
+                // on the stack).
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // SAFETY: the item holds at least a CtRequest's bytes, written
+            // by the programs as one; read_unaligned has no alignment
+            // requirement and every bit pattern is valid.
+            let req: CtRequest = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            drop(item);
+
+            seq = seq.wrapping_add(1);
+            let Some(msg) = liberal_update(&req, seq) else {
+                continue;
+            };
+            match sock.send(&msg).and_then(|()| sock.acks(1)) {
+                Ok(()) => {
+                    stats.marked.fetch_add(1, Relaxed);
+                    tracing::trace!(flow = %describe(&req), "conntrack: flow made liberal for the fast path");
+                }
+                Err(e) if is_enoent(&e) => {
+                    stats.gone.fetch_add(1, Relaxed);
+                }
+                Err(e) => {
+                    stats.failed.fetch_add(1, Relaxed);
+                    tracing::debug!(flow = %describe(&req), error = %format!("{e:#}"), "conntrack: cannot make a flow liberal; it stays on the stack");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refresh_at_half_the_sysctls_in_jiffies() {
+        let r = Refresh::from_secs(432_000, 120, 250);
+        assert_eq!(r.tcp_ms, 432_000_000);
+        assert_eq!(r.udp_ms, 120_000);
+        assert_eq!(r.tcp_jiffies, 432_000 * 250 / 2);
+        assert_eq!(r.udp_jiffies, 120 * 250 / 2);
+        // Past the kfunc's u32 of milliseconds: clamped, not wrapped.
+        let r = Refresh::from_secs(10_000_000, 0, 1000);
+        assert_eq!(r.tcp_ms, u32::MAX);
+        assert_eq!(r.udp_ms, 0);
+    }
+
+    #[test]
+    fn this_kernels_tick_rate_is_one_linux_builds() {
+        assert!([100, 250, 300, 1000].contains(&hz()));
+    }
+
+    #[test]
+    fn the_update_names_the_flow_and_sets_both_directions_liberal() {
+        let mut req = CtRequest {
+            family: 4,
+            proto: 6,
+            sport: 40000u16.to_be(),
+            dport: 5201u16.to_be(),
+            ..Default::default()
+        };
+        req.saddr[..4].copy_from_slice(&[10, 244, 1, 2]);
+        req.daddr[..4].copy_from_slice(&[10, 244, 2, 3]);
+        let m = liberal_update(&req, 7).unwrap();
+        assert_eq!(
+            u32::from_ne_bytes(m[0..4].try_into().unwrap()) as usize,
+            m.len()
+        );
+        assert_eq!(u16::from_ne_bytes([m[4], m[5]]), 0x100);
+        assert_eq!(m[16], AF_INET);
+        let body = &m[20..];
+        let w = |b: &[u8]| body.windows(b.len()).any(|x| x == b);
+        assert!(w(&[10, 244, 1, 2]) && w(&[10, 244, 2, 3]));
+        assert!(w(&40000u16.to_be_bytes()) && w(&5201u16.to_be_bytes()));
+        // Both flag attributes: {flags, mask} = {BE_LIBERAL, BE_LIBERAL}.
+        assert!(w(&[6, 0, 4, 0, 8, 8]) && w(&[6, 0, 5, 0, 8, 8]));
+        req.family = 5;
+        assert!(liberal_update(&req, 8).is_none());
+    }
+}
