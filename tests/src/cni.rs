@@ -101,6 +101,12 @@ pub fn flannel_like_dual(
     c
 }
 
+/// Attaches pods to a bridge named `bridge` instead of `cni0` (its first
+/// plugin's `bridge`).
+pub fn rename_bridge(list: &mut ConfList, bridge: &str) {
+    list.plugins[0]["bridge"] = json!(bridge);
+}
+
 /// Who a plugin runs for: the node the runtime runs on, the container and
 /// its namespace (none for a DEL after the namespace is gone), the
 /// interface name in it.
@@ -328,13 +334,19 @@ pub fn attached(result: Value) -> Result<Attached> {
         IpNet::V4(_) => None,
     });
     // The host side of the veth: the interface in no sandbox that is not
-    // the bridge (bridge's result lists the bridge, the host veth, and the
-    // container's interface).
-    let host_if = ifaces
+    // the bridge (bridge's result lists the bridge, whatever it is called,
+    // the host veth, which it names veth<hash>, and the container's
+    // interface).
+    let host: Vec<&str> = ifaces
         .iter()
         .filter(|i| i.get("sandbox").is_none_or(|s| s.as_str() == Some("")))
         .filter_map(|i| i["name"].as_str())
-        .find(|n| *n != "cni0")
+        .collect();
+    let host_if = host
+        .iter()
+        .find(|n| n.starts_with("veth"))
+        .or_else(|| host.iter().find(|n| **n != "cni0"))
+        .copied()
         .unwrap_or_default()
         .to_string();
     Ok(Attached {

@@ -154,8 +154,8 @@ fn host_routing_after_xdp_decapsulation() {
 /// Endpoints follow the pods: DEL removes one (and its program), an address
 /// reused by a new pod reaches the new pod, DEL without ADD and a repeated
 /// ADD are harmless, a pod whose namespace vanished without DEL is
-/// forgotten, and a pod added while the agent is down takes the host stack
-/// until the agent, back, registers it.
+/// forgotten, and a pod added while the agent is down is programmed by the
+/// plugin and gets host routing on its veth when the agent is back.
 #[test]
 fn endpoints_follow_pods() {
     let mut c = two_nodes(&[]);
@@ -269,24 +269,186 @@ fn endpoints_follow_pods() {
         "one record per live pod"
     );
 
-    // The agent is down while a pod is added: ADD succeeds, the pod works
-    // through the host stack, and the agent registers it when it is back.
+    // The agent is down while a pod is added: ADD succeeds, the plugin
+    // points the pod's address at its veth itself, the pod is reachable,
+    // and the agent, back, puts host routing on its veth.
     let n2 = &mut c.nodes[1];
     n2.agent.kill();
     let late = n2.node.add_pod().unwrap();
-    let (late_ip, late_ns) = (late.ip, late.ns.name().to_string());
-    assert!(!endpoints(&c.nodes[1]).contains_key(&late_ip));
-    let c2 = counters(&c.nodes[1]);
-    let slow = count(&c2, Reason::Decapsulated);
-    assert!(from_remote(late_ip, &c), "reachable through the host stack");
-    assert!(count(&c2, Reason::Decapsulated) > slow);
+    let (late_ip, late_if) = (late.ip, late.host_if.clone());
+    let late_index = ifindex(&c.nodes[1], &late_if);
+    assert_eq!(
+        endpoints(&c.nodes[1]).get(&late_ip).map(|e| e.ifindex),
+        Some(late_index),
+        "the plugin programmed the new pod's entry"
+    );
+    assert!(from_remote(late_ip, &c), "reachable with the agent down");
     c.nodes[1].agent.restart().unwrap();
     eventually(
-        "the agent registers the pod added while it was down",
+        "the agent attaches host routing to the veth of the pod added while it was down",
         T,
-        || endpoints(&c.nodes[1]).contains_key(&late_ip).then_some(()),
+        || pinned_on(&c.nodes[1], &late_if).then_some(()),
     );
-    let _ = late_ns;
+}
+
+/// The ifindex of `iface` in node `n`.
+fn ifindex(n: &WeftNode, iface: &str) -> u32 {
+    n.node
+        .ns
+        .exec("cat", &[&format!("/sys/class/net/{iface}/ifindex")])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Whether a transmit link is pinned for `veth` on node `n`.
+fn pinned_on(n: &WeftNode, veth: &str) -> bool {
+    std::fs::read_dir(n.pins.path().join("links"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()).any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("tc_ingress-{veth}-"))
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// Endpoints stay exact while the agent is down: pod A is deleted and pod
+/// B takes A's address (host-local `IP=`); before the agent is back, B's
+/// entry points at B's veth and a remote pod's iperf3 to that address
+/// reaches B; a pod deleted without reuse leaves no entry; and once the
+/// agent is back the pinned maps hold no entry without a record.
+#[test]
+fn endpoints_stay_exact_while_the_agent_is_down() {
+    let mut c = two_nodes(&[]);
+    let n2 = &mut c.nodes[1];
+    n2.node.add_pod().unwrap();
+    n2.agent.kill();
+    let a = n2.node.del_pod(0).unwrap();
+    let (ip, a_index) = (a.ip, ifindex(&c.nodes[1], &c.nodes[1].node.pods[0].host_if));
+    let _ = a_index;
+    drop(a);
+    let n2 = &mut c.nodes[1];
+    let b = n2.node.add_pod_with(&format!("IP={ip}")).unwrap();
+    assert_eq!(b.ip, ip);
+    let b_if = b.host_if.clone();
+    let b_index = ifindex(&c.nodes[1], &b_if);
+    assert_eq!(
+        endpoints(&c.nodes[1]).get(&ip).map(|e| e.ifindex),
+        Some(b_index),
+        "the reused address points at the new pod's veth"
+    );
+    let b_ns = &c.nodes[1].node.pods.last().unwrap().ns;
+    let bytes = iperf(&c.nodes[0].node.pods[0].ns, b_ns, ip, 3, false);
+    assert!(
+        bytes > 1e7,
+        "a remote pod's iperf3 reached the new pod: {bytes} bytes"
+    );
+
+    // DEL without reuse: no entry left, with the agent still down.
+    let n2 = &mut c.nodes[1];
+    let gone = n2.node.del_pod(0).unwrap();
+    let gone_ip = gone.ip;
+    drop(gone);
+    assert!(
+        !endpoints(&c.nodes[1]).contains_key(&gone_ip),
+        "a deleted pod's entry is gone"
+    );
+
+    // A stale entry left behind by someone else goes once the agent is back.
+    let map = c.nodes[1]
+        .pins
+        .pins()
+        .map(dataplane_common::map_names::ENDPOINTS);
+    weft_tests::proc::run(
+        "bpftool",
+        &[
+            "map",
+            "update",
+            "pinned",
+            map.to_str().unwrap(),
+            "key",
+            "10",
+            "244",
+            "250",
+            "9",
+            "value",
+            "1",
+            "0",
+            "0",
+            "0",
+            "2",
+            "0",
+            "0",
+            "0",
+            "0",
+            "1",
+            "2",
+            "0",
+            "0",
+            "0",
+            "0",
+            "2",
+        ],
+    )
+    .unwrap();
+    c.nodes[1].agent.restart().unwrap();
+    eventually(
+        "the pinned maps hold exactly the registered pods",
+        T,
+        || {
+            let n = &c.nodes[1];
+            let records: std::collections::HashSet<Ipv4Addr> =
+                n.node.pods.iter().map(|p| p.ip).collect();
+            let have: std::collections::HashSet<Ipv4Addr> = endpoints(n).into_keys().collect();
+            (have == records).then_some(())
+        },
+    );
+}
+
+/// Chained after a bridge that is not called `cni0` (flannel's config may
+/// name it `cbr0`): the endpoint is the pod's veth, never the bridge, and
+/// the fast path carries the flow.
+#[test]
+fn chained_after_a_bridge_named_cbr0() {
+    let mut c = WeftCluster::new(0, &[]).unwrap();
+    for i in 1..=2 {
+        let n = c.start_node(i, &[]).unwrap();
+        let state_dir = n.agent.state_dir();
+        n.node.use_subnet(n.subnet, 1450);
+        let conf = n.node.cni.as_mut().unwrap();
+        weft_tests::cni::rename_bridge(conf, "cbr0");
+        weft_tests::cni::chain_weft(conf, &state_dir);
+        n.node.add_pod().unwrap();
+    }
+    eventually("peers and endpoints programmed", T, || {
+        c.nodes
+            .iter()
+            .all(|n| n.peer_subnets().len() == 1 && endpoints(n).len() == 1)
+            .then_some(())
+    });
+    for n in &c.nodes {
+        let pod = &n.node.pods[0];
+        let e = endpoints(n)[&pod.ip];
+        assert_eq!(e.ifindex, ifindex(n, &pod.host_if), "the veth, not cbr0");
+    }
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let cb = counters(b);
+    let before = count(&cb, Reason::DecapBypass);
+    let (n, intact) = weft_tests::traffic::tcp_transfer(
+        &b.node.pods[0].ns,
+        b.node.pods[0].ip,
+        5230,
+        &a.node.pods[0].ns,
+        20 << 20,
+    );
+    assert!(n == 20 << 20 && intact);
+    assert!(
+        count(&cb, Reason::DecapBypass) > before + 100,
+        "the flow took the fast path"
+    );
 }
 
 /// A TCP server in `ns` on `ip:port` that echoes what one connection
@@ -411,4 +573,92 @@ fn netfilter_keeps_its_verdicts_under_auto() {
         0,
         "UDP stays dropped"
     );
+}
+
+/// Spoofing, under `auto` (with a live flow of the spoofed pod's to the
+/// target, so conntrack alone would let the tuple through) and under
+/// `bpf`: pod X on node 1 sends UDP to pod Z on node 2 with pod Y's
+/// address as its source (Y's own port, the live flow's tuple), and with
+/// node 1's address. Z receives none of them, node 1 counts each as
+/// `drop_invalid_source`, and X's genuine datagrams arrive.
+fn spoofed_sources_never_leave(mode: &str) {
+    let c = two_nodes(&["--host-routing", mode]);
+    let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
+    let (x, y, z) = (&n1.node.pods[0], &n1.node.pods[1], &n2.node.pods[0]);
+    let z_ip = z.ip;
+    // Z records (source, payload) and answers each datagram.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let recv = z.ns.spawn_thread(move || {
+        let s = std::net::UdpSocket::bind((z_ip, 7777)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok((k, from)) = s.recv_from(&mut buf) {
+            got.push((from.ip(), String::from_utf8_lossy(&buf[..k]).into_owned()));
+            let _ = s.send_to(b"pong", from);
+        }
+        got
+    });
+    ready_rx.recv().unwrap();
+    // Y's live flow: replies seen, so conntrack holds it.
+    let y_ip = y.ip;
+    let answered =
+        y.ns.run(move || {
+            let s = std::net::UdpSocket::bind((y_ip, 40001)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let mut n = 0;
+            let mut buf = [0u8; 16];
+            for _ in 0..5 {
+                s.send_to(b"y-live", (z_ip, 7777)).unwrap();
+                if s.recv_from(&mut buf).is_ok() {
+                    n += 1;
+                }
+            }
+            n
+        })
+        .unwrap();
+    assert_eq!(answered, 5, "Y's flow is live");
+    let counters = counters(n1);
+    let before = weft_tests::counters::Snapshot::of(&counters);
+    let gw = weft_tests::netns::mac(&n1.node.ns, "cni0").unwrap();
+    let script = format!(
+        r#"
+from scapy.all import Ether, IP, UDP, Raw, sendp, conf
+conf.verb = 0
+def udp(src, sport, payload):
+    return Ether(dst="{gw}")/IP(src=src, dst="{z}")/UDP(sport=sport, dport=7777)/Raw(payload)
+sendp([udp("{y}", 40001, b"spoof-y") for _ in range(5)], iface="eth0")
+sendp([udp("{node}", 40003, b"spoof-node") for _ in range(5)], iface="eth0")
+sendp([udp("{x}", 40002, b"genuine") for _ in range(5)], iface="eth0")
+"#,
+        gw = gw,
+        z = z.ip,
+        y = y.ip,
+        x = x.ip,
+        node = n1.node.ip,
+    );
+    x.ns.exec("/usr/bin/python3", &["-c", &script]).unwrap();
+    let got = recv.join().unwrap();
+    let after = weft_tests::counters::Snapshot::of(&counters);
+    let from = |payload: &str| got.iter().filter(|(_, p)| p == payload).count();
+    assert_eq!(from("y-live"), 5, "{got:?}");
+    assert_eq!(from("spoof-y"), 0, "{got:?}");
+    assert_eq!(from("spoof-node"), 0, "{got:?}");
+    assert_eq!(from("genuine"), 5, "X's own datagrams arrive: {got:?}");
+    assert_eq!(
+        after.since(&before, Reason::DropInvalidSource),
+        10,
+        "each spoofed datagram counted as drop_invalid_source"
+    );
+}
+
+#[test]
+fn spoofed_sources_never_leave_the_node_under_auto() {
+    spoofed_sources_never_leave("auto");
+}
+
+#[test]
+fn spoofed_sources_never_leave_the_node_under_bpf() {
+    spoofed_sources_never_leave("bpf");
 }

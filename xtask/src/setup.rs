@@ -18,8 +18,8 @@ use crate::{cmd::run, toolchain};
 /// attached with, podman with its CNI backend and runc, a static busybox
 /// for a container's root), the image (buildah, musl-tools for the static
 /// binary's C parts), manifest checks (yamllint, python3-venv for
-/// kubernetes-validate) and the benchmarks (iperf3,
-/// sockperf, bpftool, perf, ethtool).
+/// kubernetes-validate), conntrack (the tests read conntrack's entries)
+/// and the benchmarks (iperf3, sockperf, bpftool, perf, ethtool).
 const PACKAGES: &[&str] = &[
     "protobuf-compiler",
     "libprotobuf-dev",
@@ -41,6 +41,7 @@ const PACKAGES: &[&str] = &[
     "python3-scapy",
     "nftables",
     "iptables",
+    "conntrack",
     "openssl",
     "buildah",
     "musl-tools",

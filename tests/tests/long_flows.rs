@@ -1,0 +1,468 @@
+//! Long flows on the fast path against a node that tracks connections the
+//! way a Kubernetes node does: `nf_conntrack_tcp_loose=0` (a packet of an
+//! unknown TCP flow is INVALID, not picked up) and a FORWARD rule that
+//! drops `ct state invalid` (kube-proxy's KUBE-FORWARD drops INVALID the
+//! same way). conntrack must hold every fast-path flow as the stack would
+//! have: ESTABLISHED and ASSURED, its timeout kept fresh, a closing flow
+//! handled by the stack, and a flow that returns to the stack mid-way
+//! accepted there.
+//!
+//! These tests run one at a time (each holds [`SERIAL`]): they measure
+//! stalls, which a neighbour's load would fake.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, TcpListener, TcpStream},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use dataplane_common::Reason;
+use weft::dataplane::{Counters, EndpointMap};
+use weft_tests::{
+    agent::eventually,
+    counters::Snapshot,
+    netns::Netns,
+    weft_cluster::{WeftCluster, WeftNode},
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const T: Duration = Duration::from_secs(30);
+
+/// How long the long flows run (90 s; `WEFT_TEST_LONG_FLOW_SECS` shortens
+/// them while working on the datapath).
+fn long_secs() -> u64 {
+    std::env::var("WEFT_TEST_LONG_FLOW_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(90)
+}
+
+/// Two nodes with `--ip-masq` whose conntrack drops what it cannot place.
+fn strict_cluster() -> WeftCluster {
+    let c = WeftCluster::new(2, &["--ip-masq"]).unwrap();
+    c.wait_meshed(T);
+    eventually("endpoints programmed", T, || {
+        c.nodes.iter().all(|n| endpoints(n) == 2).then_some(())
+    });
+    for n in &c.nodes {
+        strict(&n.node.ns);
+    }
+    c
+}
+
+fn endpoints(n: &WeftNode) -> usize {
+    EndpointMap::open(n.pins.pins())
+        .unwrap()
+        .all()
+        .unwrap()
+        .len()
+}
+
+/// tcp_loose off, and a FORWARD rule (its own table) that counts and drops
+/// `ct state invalid`.
+fn strict(ns: &Netns) {
+    ns.sysctl("net.netfilter.nf_conntrack_tcp_loose", "0")
+        .unwrap();
+    ns.exec("nft", &["add", "table", "inet", "kube"]).unwrap();
+    ns.exec(
+        "nft",
+        &[
+            "add",
+            "chain",
+            "inet",
+            "kube",
+            "forward",
+            "{ type filter hook forward priority 0; policy accept; }",
+        ],
+    )
+    .unwrap();
+    ns.exec(
+        "nft",
+        &[
+            "add", "rule", "inet", "kube", "forward", "ct", "state", "invalid", "counter", "drop",
+        ],
+    )
+    .unwrap();
+}
+
+/// Packets the FORWARD rules of table `inet kube` counted, by rule text
+/// (`ct state invalid`, ...), summed.
+fn dropped(ns: &Netns, rule: &str) -> u64 {
+    let out = ns
+        .exec("nft", &["list", "chain", "inet", "kube", "forward"])
+        .unwrap();
+    out.lines()
+        .filter(|l| l.contains(rule))
+        .filter_map(|l| {
+            let i = l.find("counter packets ")? + "counter packets ".len();
+            l[i..].split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// conntrack's entries in `ns` whose original destination port is `port`.
+fn conntrack(ns: &Netns, proto: &str, port: u16) -> Vec<String> {
+    ns.exec(
+        "conntrack",
+        &["-L", "-p", proto, "--dport", &port.to_string()],
+    )
+    .unwrap_or_default()
+    .lines()
+    .map(str::to_string)
+    .collect()
+}
+
+/// The timeout (seconds left) conntrack shows in an entry line.
+fn timeout_of(line: &str) -> u64 {
+    line.split_whitespace()
+        .nth(2)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The JSON report of an iperf3 client run for `secs`; fails (killing it)
+/// if it has not finished 30 s after it should have: a client whose flow
+/// died waits forever.
+fn report(mut iperf: std::process::Child, secs: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(secs + 30);
+    while iperf.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = iperf.kill();
+            let out = iperf.wait_with_output().unwrap();
+            panic!(
+                "iperf3 hung (its flow died): {}",
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|l| l.contains("\"bytes\""))
+                    .take(120)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = iperf.wait_with_output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 gave no report ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The bytes of each 1-second interval of an iperf3 JSON report.
+fn intervals(report: &serde_json::Value) -> Vec<f64> {
+    report["intervals"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| i["sum"]["bytes"].as_f64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Fails if an interval after the first is below 10% of the median.
+fn assert_no_stall(what: &str, bytes: &[f64], want_secs: u64) {
+    assert!(
+        bytes.len() as u64 >= want_secs,
+        "{what}: {} intervals of {want_secs}: {bytes:?}",
+        bytes.len()
+    );
+    let mut sorted = bytes.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    assert!(median > 0.0, "{what}: nothing moved: {bytes:?}");
+    for (i, b) in bytes.iter().enumerate().skip(1) {
+        assert!(
+            *b >= median / 10.0,
+            "{what}: second {} carried {b} bytes, median {median}: {bytes:?}",
+            i + 1
+        );
+    }
+}
+
+fn counters(n: &WeftNode) -> Counters {
+    Counters::open(n.pins.pins()).unwrap()
+}
+
+/// A 90 s TCP flow at 2 Gbit/s between pods on two nodes: no second
+/// stalls, nothing is INVALID, and at 70 s conntrack holds the flow
+/// ESTABLISHED and ASSURED with a timeout far beyond SYN_RECV's 60 s on
+/// both nodes, while the flow took the fast path.
+#[test]
+fn a_long_tcp_flow_stays_established_and_assured() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = strict_cluster();
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let (client, server) = (&a.node.pods[0], &b.node.pods[0]);
+    let secs = long_secs();
+    let _srv = server
+        .ns
+        .spawn("iperf3", &["-s", "-1", "-p", "5201"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (ca, cb) = (counters(a), counters(b));
+    let (sa, sb) = (Snapshot::of(&ca), Snapshot::of(&cb));
+    let ip = server.ip.to_string();
+    let t = secs.to_string();
+    let iperf = client
+        .ns
+        .command("iperf3")
+        .args([
+            "-c", &ip, "-p", "5201", "-t", &t, "-b", "2G", "-i", "1", "-J",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // At 70 s (or 7/9 of a shortened run): conntrack on both nodes.
+    std::thread::sleep(Duration::from_secs(secs * 7 / 9));
+    let seen: Vec<(String, Vec<String>)> = [a, b]
+        .iter()
+        .map(|n| {
+            (
+                n.node.ns.name().to_string(),
+                conntrack(&n.node.ns, "tcp", 5201),
+            )
+        })
+        .collect();
+    let report = report(iperf, secs);
+    for (node, entries) in &seen {
+        // The control connection and the data connection.
+        assert!(entries.len() >= 2, "{node}: {entries:?}");
+        for e in entries {
+            assert!(
+                e.contains("ESTABLISHED") && e.contains("[ASSURED]"),
+                "{node}: {e}"
+            );
+            assert!(timeout_of(e) > 3600, "{node}: {e}");
+        }
+    }
+    assert_no_stall("TCP", &intervals(&report), secs);
+    for n in [a, b] {
+        assert_eq!(dropped(&n.node.ns, "ct state invalid"), 0, "INVALID drops");
+    }
+    let (ea, eb) = (Snapshot::of(&ca), Snapshot::of(&cb));
+    let fast = ea.since(&sa, Reason::EncapBypass) as f64;
+    let slow = ea.since(&sa, Reason::Encapsulated) as f64;
+    assert!(
+        fast / (fast + slow) > 0.99,
+        "sent on the fast path: {fast} of {}",
+        fast + slow
+    );
+    let fast = eb.since(&sb, Reason::DecapBypass) as f64;
+    let slow = eb.since(&sb, Reason::Decapsulated) as f64;
+    assert!(
+        fast / (fast + slow) > 0.99,
+        "received on the fast path: {fast} of {}",
+        fast + slow
+    );
+}
+
+/// A 90 s UDP stream from server to client (iperf3 -R), behind a FORWARD
+/// rule on the client's node that drops new flows towards the client (a
+/// default-deny ingress policy): the stream never stalls, so conntrack
+/// never forgot it and never took a server packet for a new flow.
+#[test]
+fn a_long_udp_stream_towards_a_client_behind_default_deny() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = strict_cluster();
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let (client, server) = (&a.node.pods[0], &b.node.pods[0]);
+    a.node
+        .ns
+        .exec(
+            "nft",
+            &[
+                "add",
+                "rule",
+                "inet",
+                "kube",
+                "forward",
+                "ip",
+                "daddr",
+                &client.ip.to_string(),
+                "ct",
+                "state",
+                "new",
+                "counter",
+                "drop",
+            ],
+        )
+        .unwrap();
+    let secs = long_secs();
+    let _srv = server
+        .ns
+        .spawn("iperf3", &["-s", "-1", "-p", "5202"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let ip = server.ip.to_string();
+    let t = secs.to_string();
+    let iperf = client
+        .ns
+        .command("iperf3")
+        .args([
+            "-c", &ip, "-p", "5202", "-u", "-R", "-b", "200M", "-l", "1200", "-t", &t, "-i", "1",
+            "-J",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(secs * 7 / 9));
+    let seen = conntrack(&a.node.ns, "udp", 5202);
+    let report = report(iperf, secs);
+    assert_no_stall("UDP", &intervals(&report), secs);
+    assert_eq!(
+        dropped(&a.node.ns, "ct state new"),
+        0,
+        "server packets taken for new flows"
+    );
+    assert!(!seen.is_empty(), "no UDP entry");
+    for e in &seen {
+        assert!(e.contains("[ASSURED]"), "{e}");
+    }
+}
+
+/// Half-close: the client sends, then shuts its side (FIN); the server
+/// goes on streaming to it for 30 s. Nothing stalls, nothing is INVALID,
+/// and the stream arrives whole.
+#[test]
+fn a_half_closed_connection_keeps_streaming() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = strict_cluster();
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let (client, server) = (&a.node.pods[0], &b.node.pods[0]);
+    let secs = long_secs().min(30);
+    let server_ip = server.ip;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = server.ns.spawn_thread(move || {
+        let l = TcpListener::bind((server_ip, 5203)).unwrap();
+        ready_tx.send(()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut got = 0usize;
+        loop {
+            match s.read(&mut buf).unwrap() {
+                0 => break,
+                k => got += k,
+            }
+        }
+        // The client's side is closed: stream back, paced at ~40 MB/s.
+        let chunk = vec![0x42u8; 400 << 10];
+        let until = Instant::now() + Duration::from_secs(secs);
+        let mut sent = 0usize;
+        while Instant::now() < until {
+            s.write_all(&chunk).unwrap();
+            sent += chunk.len();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (got, sent)
+    });
+    ready_rx.recv().unwrap();
+    let cli = client.ns.spawn_thread(move || {
+        let mut s = TcpStream::connect((server_ip, 5203)).unwrap();
+        s.write_all(&vec![0x17u8; 4 << 20]).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let start = Instant::now();
+        let mut per_sec = vec![0f64; secs as usize + 2];
+        let mut buf = vec![0u8; 1 << 16];
+        let mut total = 0usize;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(k) => {
+                    total += k;
+                    let i = (start.elapsed().as_secs() as usize).min(per_sec.len() - 1);
+                    per_sec[i] += k as f64;
+                }
+                Err(e) => panic!("client read after {:?}: {e}", start.elapsed()),
+            }
+        }
+        (total, per_sec)
+    });
+    let (total, per_sec) = cli.join().unwrap();
+    let (got, sent) = srv.join().unwrap();
+    assert_eq!(got, 4 << 20);
+    assert_eq!(total, sent, "the stream after the FIN arrived whole");
+    // Whole seconds only (the last one is partial).
+    assert_no_stall("half-closed", &per_sec[..secs as usize], secs);
+    for n in [a, b] {
+        assert_eq!(dropped(&n.node.ns, "ct state invalid"), 0, "INVALID drops");
+    }
+}
+
+/// A flow that returns to the stack mid-way: with the receiving node's
+/// agent down, its pod's endpoint entry is removed, so the flow's packets
+/// there take the host stack until the agent, back, programs it again. The
+/// stack accepts them (nothing INVALID) and nothing stalls.
+#[test]
+fn a_flow_handed_back_to_the_stack_mid_way_is_not_invalid() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = strict_cluster();
+    let secs = 20u64;
+    let server_ip: Ipv4Addr = c.nodes[1].node.pods[0].ip;
+    let b_pod = &c.nodes[1].node.pods[0];
+    let _srv = b_pod
+        .ns
+        .spawn("iperf3", &["-s", "-1", "-p", "5204"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let ip = server_ip.to_string();
+    let t = secs.to_string();
+    let iperf = c.nodes[0].node.pods[0]
+        .ns
+        .command("iperf3")
+        .args([
+            "-c", &ip, "-p", "5204", "-t", &t, "-b", "1G", "-i", "1", "-J",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let cb = counters(&c.nodes[1]);
+    c.nodes[1].agent.kill();
+    let before = Snapshot::of(&cb);
+    // What an operator (or a bug) could do: the entry goes, the pod stays.
+    let map = c.nodes[1]
+        .pins
+        .pins()
+        .map(dataplane_common::map_names::ENDPOINTS);
+    let key: Vec<String> = server_ip.octets().iter().map(|b| b.to_string()).collect();
+    let mut args = vec!["map", "delete", "pinned", map.to_str().unwrap(), "key"];
+    args.extend(key.iter().map(String::as_str));
+    weft_tests::proc::run("bpftool", &args).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let during = Snapshot::of(&cb);
+    c.nodes[1].agent.restart().unwrap();
+    let report = report(iperf, secs);
+    let after = Snapshot::of(&cb);
+    for (what, r) in [
+        ("through the stack", Reason::Decapsulated),
+        ("fast path", Reason::DecapBypass),
+    ] {
+        println!(
+            "received {what}: {} while the endpoint was gone, {} after",
+            during.since(&before, r),
+            after.since(&during, r)
+        );
+    }
+    assert!(
+        during.since(&before, Reason::Decapsulated) > 1000,
+        "the flow took the host stack while its endpoint was gone"
+    );
+    assert!(
+        after.since(&during, Reason::DecapBypass) > 1000,
+        "and the fast path again once the agent was back"
+    );
+    assert_no_stall("handed back", &intervals(&report), secs);
+    for n in &c.nodes {
+        assert_eq!(dropped(&n.node.ns, "ct state invalid"), 0, "INVALID drops");
+    }
+}
