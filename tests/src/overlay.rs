@@ -107,6 +107,83 @@ pub fn with_overlay<T: Send + 'static>(
     })?
 }
 
+/// A node's overlay kept running, as its agent keeps it (the conntrack
+/// marker of `--host-routing auto` needs a live dataplane: without it TCP
+/// flows stay on the host stack); stopped when dropped.
+pub struct Running {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sets up the node's overlay (adopting what is pinned), runs `f` on it,
+/// and keeps it running until the returned handle drops.
+pub fn run_overlay(
+    node: &Node,
+    setup: Setup,
+    f: impl AsyncFnOnce(&mut Overlay) -> Result<()> + Send + 'static,
+) -> Result<Running> {
+    let file = std::fs::File::open(node.ns.path())?;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: setns on a valid namespace fd, affecting this thread only.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            let _ = ready_tx.send(Err(anyhow::anyhow!(
+                "setns: {}",
+                std::io::Error::last_os_error()
+            )));
+            return;
+        }
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e.into()));
+                return;
+            }
+        };
+        rt.block_on(async move {
+            let own = OwnSubnets {
+                v4: Some(setup.subnet),
+                v6: setup.subnet6,
+            };
+            let mut o = match Overlay::setup(&setup.spec, own).await {
+                Ok(o) => o,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let r = f(&mut o).await;
+            let ok = r.is_ok();
+            let _ = ready_tx.send(r);
+            if ok {
+                // Until the handle drops (its sender goes).
+                let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
+            }
+        });
+    });
+    ready_rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the overlay thread died"))??;
+    Ok(Running {
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    })
+}
+
 /// The peer entry for `node` serving `subnet`.
 pub fn peer(node: &Node, subnet: Ipv4Net) -> Peer {
     Peer::v4(subnet, node.ip, vtep_mac(node.index))

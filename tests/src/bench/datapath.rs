@@ -47,7 +47,7 @@ use crate::{
     cluster::{Node, flannel_device, flannel_device6, flannel_peer, flannel_peer6},
     dual::underlay6,
     netns::{Netns, veth},
-    overlay::{install, peer, peer6, spec, subnet_of, subnet6_of, with_ipv6, with_overlay},
+    overlay::{install, peer, peer6, run_overlay, spec, subnet_of, subnet6_of, with_ipv6},
     pins::TestPins,
 };
 
@@ -239,6 +239,9 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 9]> {
         }
     }
     let mut weft_pins: Vec<TestPins> = Vec::new();
+    // Dropped after the measurement (before the pins, as a node's agent
+    // stops before its pins go).
+    let mut running = Vec::new();
     match cfg {
         "route" => {
             for (a, b) in [(0, 1), (1, 0)] {
@@ -303,7 +306,8 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 9]> {
                 install(n, setup(n, &pins[a]), peers)?;
             }
             // The pods, attached with Weft's plugin chained; then the
-            // endpoints it registered are programmed, as the agent does.
+            // endpoints it registered are programmed, and the dataplane
+            // keeps running for the measurement, as the agent does.
             for (a, n) in nodes.iter_mut().enumerate() {
                 let mut net = dual_net(n, mtu);
                 crate::cni::chain_weft(&mut net, &pins[a].state_dir());
@@ -311,9 +315,11 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 9]> {
                 n.add_pod()?;
                 let s = setup(n, &pins[a]);
                 let state = pins[a].state_dir();
-                with_overlay(n, s, async move |o| {
-                    o.sync_endpoints(&weft::endpoint_records(&state)).await
-                })?;
+                running.push(run_overlay(n, s, async move |o| {
+                    o.sync_endpoints(&weft::endpoint_records(&state))
+                        .await
+                        .map(drop)
+                })?);
             }
             weft_pins = pins;
         }
