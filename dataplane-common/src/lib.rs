@@ -30,7 +30,8 @@ pub const MAX_PEERS: u32 = 65_536;
 /// map's layout or meaning changes. Version 1 pinned into `maps`.
 /// Version 3 added the IPv6 maps and the IPv6 half of the config;
 /// version 4 the conntrack settings and the node's own subnets in the
-/// config, the `drop_invalid_source` counter and the conntrack requests.
+/// config, the pod veth map, the `drop_invalid_source` and
+/// `drop_foreign_destination` counters and the conntrack requests.
 pub const LAYOUT_VERSION: u32 = 4;
 
 /// Map names, as the programs declare them and the agent pins them.
@@ -203,6 +204,11 @@ pub struct DataplaneConfig {
     /// timeout, not per packet.
     pub ct_tcp_refresh_jiffies: u32,
     pub ct_udp_refresh_jiffies: u32,
+    /// A UDP flow conntrack has seen no reply of (one-way, at its
+    /// originator): refreshed to `nf_conntrack_udp_timeout` (ms), once
+    /// fewer than the second value's jiffies are left.
+    pub ct_udp_unreplied_ms: u32,
+    pub ct_udp_unreplied_refresh_jiffies: u32,
 }
 
 /// A flow whose conntrack entry is ESTABLISHED and ASSURED but not yet
@@ -303,10 +309,13 @@ pub enum Reason {
     /// address, or in the node's pod subnets but not the pod's own, or the
     /// node's address (Cilium's DROP_INVALID_SIP).
     DropInvalidSource = 16,
+    /// Decap: the inner destination is not in this node's pod subnets (a
+    /// VTEP may not use this node as a relay to anywhere else).
+    DropForeignDestination = 17,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 18;
 
     pub const ALL: [Reason; Reason::COUNT as usize] = [
         Reason::Encapsulated,
@@ -326,6 +335,7 @@ impl Reason {
         Reason::DirectTx,
         Reason::DirectRx,
         Reason::DropInvalidSource,
+        Reason::DropForeignDestination,
     ];
 
     /// The name used in metrics and `weft status`.
@@ -348,6 +358,7 @@ impl Reason {
             Reason::DirectTx => "direct_tx",
             Reason::DirectRx => "direct_rx",
             Reason::DropInvalidSource => "drop_invalid_source",
+            Reason::DropForeignDestination => "drop_foreign_destination",
         }
     }
 
@@ -364,6 +375,7 @@ impl Reason {
                 | Reason::DropFragment
                 | Reason::DropEcn
                 | Reason::DropInvalidSource
+                | Reason::DropForeignDestination
         )
     }
 }
@@ -399,7 +411,7 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<Vtep>(), 12);
         assert_eq!(size_of::<VtepInfo>(), 4);
-        assert_eq!(size_of::<DataplaneConfig>(), 124);
+        assert_eq!(size_of::<DataplaneConfig>(), 132);
         assert_eq!(size_of::<CtRequest>(), 40);
         assert_eq!(size_of::<PodIf>(), 24);
         assert_eq!(size_of::<Vtep6>(), 24);

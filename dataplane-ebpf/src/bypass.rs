@@ -25,7 +25,7 @@ use crate::{
         Ipv6Hdr, csum_replace,
     },
     maps::{WEFT_ENDPOINTS, WEFT_ENDPOINTS6, WEFT_PEERS, WEFT_PEERS6, WEFT_POD_IFS},
-    packet::{eq16, linear, read, write},
+    packet::{eq16, in_subnet4, in_subnet6, linear, read, write},
     verdict::{Done, Dropped},
 };
 
@@ -360,7 +360,7 @@ fn source4(ctx: &TcContext, cfg: &DataplaneConfig, saddr: u32) -> Source {
     if pod.flags & POD_IF_V4 != 0 && pod.ip4_be == saddr {
         return Source::Endpoint;
     }
-    let own = cfg.mask4_be != 0 && saddr & cfg.mask4_be == cfg.subnet4_be;
+    let own = in_subnet4(saddr, cfg.subnet4_be, cfg.mask4_be);
     // SAFETY: a plain hash lookup; the value is not used.
     let other_pod = unsafe { WEFT_ENDPOINTS.get(saddr) }.is_some();
     if own || other_pod || saddr == cfg.local_addr_be {
@@ -385,25 +385,6 @@ fn source6(ctx: &TcContext, cfg: &DataplaneConfig, saddr: &[u8; 16]) -> Source {
     } else {
         Source::Other
     }
-}
-
-/// Whether `a` lies in `net`/`mask` (a zero mask: no subnet).
-#[inline(always)]
-fn in_subnet6(a: &[u8; 16], net: &[u8; 16], mask: &[u8; 16]) -> bool {
-    let w = |x: &[u8; 16], i: usize| {
-        u64::from_ne_bytes([
-            x[i],
-            x[i + 1],
-            x[i + 2],
-            x[i + 3],
-            x[i + 4],
-            x[i + 5],
-            x[i + 6],
-            x[i + 7],
-        ])
-    };
-    let (m0, m1) = (w(mask, 0), w(mask, 8));
-    m0 != 0 && w(a, 0) & m0 == w(net, 0) && w(a, 8) & m1 == w(net, 8)
 }
 
 /// Decrements the TTL of the IPv4 header at `off`, updating its checksum.

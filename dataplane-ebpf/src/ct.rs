@@ -8,9 +8,13 @@
 //! - The stack sees every flow until conntrack holds it firmly: for TCP,
 //!   the handshake and the ACK that makes the entry ESTABLISHED and
 //!   ASSURED (the SYN, SYN-ACK and third ACK all take the stack; the
-//!   SYN-ACK already asks for the marking below); for UDP,
-//!   the first packets until a reply has been seen (SEEN_REPLY). A flow
-//!   that FORWARD rules drop is never confirmed and never bypasses.
+//!   SYN-ACK already asks for the marking below); for UDP, the first
+//!   packet, and in the reply direction every packet until the stack has
+//!   seen a reply (SEEN_REPLY: a reply that bypassed would leave the entry
+//!   UNREPLIED, and a server's stream would be taken for a new flow once
+//!   it expired). A one-way UDP stream bypasses at its originator, its
+//!   entry kept UNREPLIED as the stack keeps it. A flow that FORWARD rules
+//!   drop is never confirmed and never bypasses.
 //! - TCP then bypasses only once its entry is liberal in both directions
 //!   (`IP_CT_TCP_FLAG_BE_LIBERAL`): conntrack no longer sees the window
 //!   move, so a packet that takes the stack later (a FIN or RST, a segment
@@ -30,7 +34,8 @@
 //!   does after two seconds of a stream), so early_drop spares them.
 //! - While a flow bypasses, its entry's timeout is refreshed to the
 //!   sysctl's (`nf_conntrack_tcp_timeout_established`,
-//!   `nf_conntrack_udp_timeout_stream`, passed in by the agent), but only
+//!   `nf_conntrack_udp_timeout_stream`, `nf_conntrack_udp_timeout` for
+//!   UDP without a reply, passed in by the agent), but only
 //!   once less than half of it is left: the entry's cache line is read on
 //!   every packet and written about once per half timeout.
 //! - Flows with NAT (a Service's DNAT, a hostPort) always take the stack,
@@ -98,9 +103,10 @@ struct CtOpts {
     l4proto_rest: u64,
 }
 
-/// The conntrack entry of `tuple` (`len` bytes: which family), or null.
+/// The conntrack entry of `tuple` (`len` bytes: which family), or null,
+/// and whether the tuple is the entry's reply direction.
 #[inline(always)]
-fn lookup(skb: *mut __sk_buff, tuple: &mut SockTuple, len: u32, proto: u8) -> *mut NfConn {
+fn lookup(skb: *mut __sk_buff, tuple: &mut SockTuple, len: u32, proto: u8) -> (*mut NfConn, bool) {
     let mut opts = CtOpts {
         netns_id: CURRENT_NETNS,
         error: 0,
@@ -109,7 +115,7 @@ fn lookup(skb: *mut __sk_buff, tuple: &mut SockTuple, len: u32, proto: u8) -> *m
     // SAFETY: the kfunc reads `len` bytes of the tuple (the variant that
     // size names) and writes the options, both valid for their sizes; it
     // returns a referenced nf_conn or null.
-    unsafe {
+    let ct = unsafe {
         bpf_skb_ct_lookup(
             skb,
             tuple,
@@ -117,7 +123,9 @@ fn lookup(skb: *mut __sk_buff, tuple: &mut SockTuple, len: u32, proto: u8) -> *m
             &mut opts,
             core::mem::size_of::<CtOpts>() as u32,
         )
-    }
+    };
+    // The lookup writes the tuple's direction into `dir` (byte 1).
+    (ct, (opts.l4proto_rest >> 8) & 0xff == IP_CT_DIR_REPLY)
 }
 
 /// `struct nf_conn`, only ever behind a pointer.
@@ -155,6 +163,8 @@ static NF_CONN_TCP_FLAGS0_OFF: u32 = 0;
 #[unsafe(no_mangle)]
 static NF_CONN_TCP_FLAGS1_OFF: u32 = 0;
 
+/// `IP_CT_DIR_REPLY`.
+const IP_CT_DIR_REPLY: u64 = 1;
 /// `BPF_F_CURRENT_NETNS`.
 const CURRENT_NETNS: i32 = -1;
 const IPS_SEEN_REPLY: u64 = 1 << 1;
@@ -235,11 +245,11 @@ pub(crate) fn allows(
             core::mem::size_of::<SockTupleV6>(),
         ),
     };
-    let ct = lookup(ctx.skb.skb, &mut tuple, len as u32, proto);
+    let (ct, reply) = lookup(ctx.skb.skb, &mut tuple, len as u32, proto);
     if ct.is_null() {
         return false;
     }
-    let ok = match entry(ct, cfg, proto, syn_ack) {
+    let ok = match entry(ct, cfg, proto, syn_ack, reply) {
         Entry::Firm {
             timeout_ms,
             refresh,
@@ -271,9 +281,10 @@ enum Entry {
 }
 
 /// `syn_ack`: the packet is a SYN-ACK (it takes the stack whatever this
-/// says; only whether to ask matters).
+/// says; only whether to ask matters); `reply`: it goes the entry's reply
+/// direction.
 #[inline(always)]
-fn entry(ct: *mut NfConn, cfg: &DataplaneConfig, proto: u8, syn_ack: bool) -> Entry {
+fn entry(ct: *mut NfConn, cfg: &DataplaneConfig, proto: u8, syn_ack: bool, reply: bool) -> Entry {
     let status: u64 = field(ct, &NF_CONN_STATUS_OFF);
     if status & IPS_CONFIRMED == 0 || status & IPS_NAT_MASK != 0 {
         return Entry::Stack;
@@ -296,7 +307,15 @@ fn entry(ct: *mut NfConn, cfg: &DataplaneConfig, proto: u8, syn_ack: bool) -> En
         };
     }
     if status & IPS_SEEN_REPLY == 0 {
-        return Entry::Stack;
+        // No reply seen: a reply goes to the stack, which marks it; the
+        // originator's one-way stream bypasses, kept as the stack keeps it.
+        if reply {
+            return Entry::Stack;
+        }
+        return Entry::Firm {
+            timeout_ms: cfg.ct_udp_unreplied_ms,
+            refresh: cfg.ct_udp_unreplied_refresh_jiffies,
+        };
     }
     if status & IPS_ASSURED == 0 {
         // The kfunc sets the status whole (unchangeable bits ignored), and

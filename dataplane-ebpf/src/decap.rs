@@ -13,7 +13,7 @@ use crate::{
         csum_replace,
     },
     maps::{WEFT_PEERS, WEFT_PEERS6, WEFT_VTEPS, WEFT_VTEPS6},
-    packet::{eq16, read, write},
+    packet::{eq16, in_subnet4, in_subnet6, read, write},
     verdict::Dropped,
 };
 
@@ -145,10 +145,19 @@ fn classify4(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<De
         v6: false,
     };
     match check_source4(outer_src, iip.saddr) {
-        Ok(()) => Ok(Some(ok)),
-        Err(r) if r == Reason::DropUnknownVtep => Err(Dropped::at(r, outer_src, ip.daddr)),
-        Err(r) => Err(Dropped::at(r, iip.saddr, iip.daddr)),
+        Ok(()) => {}
+        Err(r) if r == Reason::DropUnknownVtep => return Err(Dropped::at(r, outer_src, ip.daddr)),
+        Err(r) => return Err(Dropped::at(r, iip.saddr, iip.daddr)),
     }
+    // And it is for this node: a pod here (or the overlay address).
+    if !in_subnet4(iip.daddr, cfg.subnet4_be, cfg.mask4_be) {
+        return Err(Dropped::at(
+            Reason::DropForeignDestination,
+            iip.saddr,
+            iip.daddr,
+        ));
+    }
+    Ok(Some(ok))
 }
 
 /// [`classify`] for VXLAN over IPv6 (`flannel-v6.<VNI>`'s traffic): IPv6
@@ -198,10 +207,17 @@ fn classify6(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<De
         v6: true,
     };
     match check_source6(&ip.saddr, &iip.saddr) {
-        Ok(()) => Ok(Some(ok)),
-        Err(r) if r == Reason::DropUnknownVtep => Err(Dropped::at6(r, ETH_LEN)),
-        Err(r) => Err(Dropped::at6(r, INNER_ETH6 + ETH_LEN)),
+        Ok(()) => {}
+        Err(r) if r == Reason::DropUnknownVtep => return Err(Dropped::at6(r, ETH_LEN)),
+        Err(r) => return Err(Dropped::at6(r, INNER_ETH6 + ETH_LEN)),
     }
+    if !in_subnet6(&iip.daddr, &cfg.subnet6, &cfg.mask6) {
+        return Err(Dropped::at6(
+            Reason::DropForeignDestination,
+            INNER_ETH6 + ETH_LEN,
+        ));
+    }
+    Ok(Some(ok))
 }
 
 /// Anti-spoofing over IPv6: the inner source must lie in a subnet whose

@@ -35,7 +35,7 @@ use crate::{
     decap::{check_source4, check_source6},
     headers::{ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
     maps::WEFT_PEERS6,
-    packet::{linear, read, write},
+    packet::{in_subnet4, in_subnet6, linear, read, write},
     verdict::{Done, Dropped},
 };
 
@@ -198,11 +198,21 @@ pub(crate) fn tunnel_rx(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i
         let ip = read::<Ipv6Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
         let outer = bytes(&remote);
         check_source6(&outer, &ip.saddr).map_err(|r| Dropped::at6(r, ETH_LEN))?;
+        if !in_subnet6(&ip.daddr, &cfg.subnet6, &cfg.mask6) {
+            return Err(Dropped::at6(Reason::DropForeignDestination, ETH_LEN));
+        }
     } else if !v6 && eth.proto == ETH_P_IP.to_be() {
         let ip = read::<Ipv4Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
         // The helper gives IPv4 addresses in host order.
         let outer = remote[0].to_be();
         check_source4(outer, ip.saddr).map_err(|r| Dropped::at(r, ip.saddr, ip.daddr))?;
+        if !in_subnet4(ip.daddr, cfg.subnet4_be, cfg.mask4_be) {
+            return Err(Dropped::at(
+                Reason::DropForeignDestination,
+                ip.saddr,
+                ip.daddr,
+            ));
+        }
     } else {
         return Err(Reason::DropMalformed.into());
     }

@@ -65,3 +65,30 @@ pub(crate) fn eq16(a: &[u8; 16], b: &[u8; 16]) -> bool {
     };
     w(a, 0) == w(b, 0) && w(a, 8) == w(b, 8)
 }
+
+/// Whether the IPv6 address `a` lies in `net`/`mask` (a zero mask: no
+/// subnet, nothing lies in it).
+#[inline(always)]
+pub(crate) fn in_subnet6(a: &[u8; 16], net: &[u8; 16], mask: &[u8; 16]) -> bool {
+    let w = |x: &[u8; 16], i: usize| {
+        u64::from_ne_bytes([
+            x[i],
+            x[i + 1],
+            x[i + 2],
+            x[i + 3],
+            x[i + 4],
+            x[i + 5],
+            x[i + 6],
+            x[i + 7],
+        ])
+    };
+    let (m0, m1) = (w(mask, 0), w(mask, 8));
+    m0 != 0 && w(a, 0) & m0 == w(net, 0) && w(a, 8) & m1 == w(net, 8)
+}
+
+/// Whether the IPv4 address `a` (network order) lies in `net`/`mask`
+/// (network order; a zero mask: no subnet).
+#[inline(always)]
+pub(crate) fn in_subnet4(a: u32, net: u32, mask: u32) -> bool {
+    mask != 0 && a & mask == net
+}

@@ -32,12 +32,15 @@ use super::{
 /// What the programs refresh a fast-path flow's entry to, and when.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Refresh {
-    /// TCP (ESTABLISHED) and UDP (a stream) timeouts, in milliseconds.
+    /// TCP (ESTABLISHED), UDP (a stream) and UDP without a reply
+    /// timeouts, in milliseconds.
     pub(crate) tcp_ms: u32,
     pub(crate) udp_ms: u32,
+    pub(crate) udp_unreplied_ms: u32,
     /// Refresh once fewer jiffies than these are left: half the timeout.
     pub(crate) tcp_jiffies: u32,
     pub(crate) udp_jiffies: u32,
+    pub(crate) udp_unreplied_jiffies: u32,
 }
 
 impl Refresh {
@@ -45,27 +48,30 @@ impl Refresh {
     /// set them on each packet it saw (defaults where unreadable).
     pub(crate) fn read() -> Self {
         let secs = |name: &str, default: u64| {
-            std::fs::read_to_string(format!("/proc/sys/net/netfilter/{name}"))
+            super::sysctl::read(&format!("net.netfilter.{name}"))
                 .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
+                .and_then(|s| s.parse::<u64>().ok())
                 .unwrap_or(default)
         };
         Self::from_secs(
             secs("nf_conntrack_tcp_timeout_established", 432_000),
             secs("nf_conntrack_udp_timeout_stream", 120),
+            secs("nf_conntrack_udp_timeout", 30),
             hz(),
         )
     }
 
-    fn from_secs(tcp: u64, udp: u64, hz: u32) -> Self {
+    fn from_secs(tcp: u64, udp: u64, udp_unreplied: u64, hz: u32) -> Self {
         // The kfunc takes milliseconds in a u32 (49 days).
         let ms = |s: u64| (s.saturating_mul(1000)).min(u32::MAX as u64) as u32;
         let half = |s: u64| (s.saturating_mul(hz as u64) / 2).min(i32::MAX as u64) as u32;
         Self {
             tcp_ms: ms(tcp),
             udp_ms: ms(udp),
+            udp_unreplied_ms: ms(udp_unreplied),
             tcp_jiffies: half(tcp),
             udp_jiffies: half(udp),
+            udp_unreplied_jiffies: half(udp_unreplied),
         }
     }
 }
@@ -280,16 +286,37 @@ const BATCH: u32 = 32;
 /// flow's first data waits on the host stack until the thread answers. On a
 /// node whose CPUs are busy with traffic a normal thread (even at nice
 /// -20) was measured waking 1 to 3 ms after a request, this one in about
-/// 0.1 ms. Without CAP_SYS_NICE it stays a normal thread.
+/// 0.1 ms. Where realtime is refused (no CAP_SYS_NICE, or a container's
+/// cgroup without a realtime budget), the highest nice value, else a
+/// normal thread; the log says which.
 fn realtime() {
-    let p = libc::sched_param { sched_priority: 1 };
-    // SAFETY: sched_setscheduler on the calling thread (pid 0) with a
-    // valid parameter block.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
-        tracing::info!(
-            error = %std::io::Error::last_os_error(),
-            "the conntrack marker runs as a normal thread (no CAP_SYS_NICE): new flows may wait a little longer on the host stack"
-        );
+    // SAFETY: sched_param is plain old data (musl's has more fields than
+    // glibc's); all zeroes is a valid value.
+    let mut p: libc::sched_param = unsafe { std::mem::zeroed() };
+    p.sched_priority = 1;
+    // The system call itself (musl's wrapper answers ENOSYS: the kernel's
+    // call is per thread, POSIX's per process).
+    // SAFETY: sched_setscheduler on the calling thread (0) with a valid
+    // parameter block.
+    let rt = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setscheduler,
+            0,
+            libc::SCHED_FIFO,
+            &p as *const libc::sched_param,
+        )
+    };
+    if rt == 0 {
+        tracing::debug!("the conntrack marker thread is realtime");
+        return;
+    }
+    let why = std::io::Error::last_os_error();
+    // SAFETY: setpriority on the calling thread (Linux: who 0 is the
+    // calling thread) with a plain value.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) } == 0 {
+        tracing::info!(realtime = %why, "the conntrack marker thread runs at nice -20 (realtime refused): new flows may wait a little longer on the host stack on a busy node");
+    } else {
+        tracing::info!(realtime = %why, nice = %std::io::Error::last_os_error(), "the conntrack marker runs as a normal thread (no CAP_SYS_NICE): new flows may wait a little longer on the host stack on a busy node");
     }
 }
 
@@ -319,7 +346,7 @@ fn serve(mut ring: RingBuf<MapData>, sock: Socket, stats: &LiberalStats, stop: &
                 continue;
             }
             batch += 1;
-            if batch % BATCH == 0 {
+            if batch.is_multiple_of(BATCH) {
                 // A storm of new flows: the thread is realtime, so it
                 // leaves the CPU to the rest now and then (what waits stays
                 // on the stack).
@@ -358,13 +385,15 @@ mod tests {
 
     #[test]
     fn refresh_at_half_the_sysctls_in_jiffies() {
-        let r = Refresh::from_secs(432_000, 120, 250);
+        let r = Refresh::from_secs(432_000, 120, 30, 250);
         assert_eq!(r.tcp_ms, 432_000_000);
         assert_eq!(r.udp_ms, 120_000);
+        assert_eq!(r.udp_unreplied_ms, 30_000);
         assert_eq!(r.tcp_jiffies, 432_000 * 250 / 2);
         assert_eq!(r.udp_jiffies, 120 * 250 / 2);
+        assert_eq!(r.udp_unreplied_jiffies, 30 * 250 / 2);
         // Past the kfunc's u32 of milliseconds: clamped, not wrapped.
-        let r = Refresh::from_secs(10_000_000, 0, 1000);
+        let r = Refresh::from_secs(10_000_000, 0, 30, 1000);
         assert_eq!(r.tcp_ms, u32::MAX);
         assert_eq!(r.udp_ms, 0);
     }

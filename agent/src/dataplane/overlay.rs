@@ -503,6 +503,8 @@ impl Overlay {
             ct_udp_timeout_ms: ct.udp_ms,
             ct_tcp_refresh_jiffies: ct.tcp_jiffies,
             ct_udp_refresh_jiffies: ct.udp_jiffies,
+            ct_udp_unreplied_ms: ct.udp_unreplied_ms,
+            ct_udp_unreplied_refresh_jiffies: ct.udp_unreplied_jiffies,
             vni: self.spec.vni,
             port: self.spec.port,
             _pad0: 0,
