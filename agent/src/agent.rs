@@ -42,6 +42,9 @@ const BATCH_BURST: usize = 64;
 /// whenever rtnetlink reports a change.
 const HEAL_EVERY_TICKS: u64 = 2;
 
+/// The TLS files are checked for new contents every this many 1 s ticks.
+const TLS_CHECK_TICKS: u64 = 5;
+
 /// Not ready while the lease watch has not known itself current for this
 /// long: lease changes may be going unseen (the dataplane keeps forwarding).
 const WATCH_STALE: Duration = Duration::from_secs(15);
@@ -115,8 +118,13 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
 
     if args.healthz_port != 0 {
         let addr = SocketAddr::new(args.healthz_ip, args.healthz_port);
-        crate::http::start(addr, metrics.clone()).await?;
+        crate::http::start(addr, metrics.clone(), crate::http::Serves::All).await?;
         tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    }
+    if args.metrics_port != 0 {
+        let addr = SocketAddr::new(args.metrics_ip, args.metrics_port);
+        crate::http::start(addr, metrics.clone(), crate::http::Serves::Metrics).await?;
+        tracing::info!(%addr, "serving /metrics");
     }
 
     let store = EtcdStore::connect_retrying(&opts).await?;
@@ -314,6 +322,25 @@ async fn flannel_vtep_mac(datapath: DatapathKind, name: &str) -> Option<MacAddr>
         .map(|l| MacAddr(l.mac))
 }
 
+/// Connects to etcd again when the TLS files' contents changed (rotated
+/// certificates, a Secret volume's update); keeps the current connection,
+/// and tries again at the next check, when that fails (a half-written pair).
+async fn reload_tls(store: &EtcdStore, seen: &mut Option<u64>) {
+    let now = store.options().tls_files_digest();
+    if now == *seen {
+        return;
+    }
+    match store.reconnect().await {
+        Ok(()) => {
+            tracing::info!("the etcd TLS files changed: connected again with them");
+            *seen = now;
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "the etcd TLS files changed but connecting with them failed; keeping the current connection and trying again")
+        }
+    }
+}
+
 fn retry_interval(args: &AgentArgs) -> Duration {
     Duration::from_secs(args.retry_interval.max(1))
 }
@@ -335,6 +362,8 @@ impl Agent {
         let mut ticks: u64 = 0;
         let changed = self.changed.clone();
         let mut heal_at: Option<tokio::time::Instant> = None;
+        // The TLS files as the current connection read them.
+        let mut tls_files = store.options().tls_files_digest();
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -348,6 +377,9 @@ impl Agent {
                     ticks += 1;
                     if ticks.is_multiple_of(HEAL_EVERY_TICKS) {
                         self.heal().await;
+                    }
+                    if ticks.is_multiple_of(TLS_CHECK_TICKS) {
+                        reload_tls(store, &mut tls_files).await;
                     }
                     self.report();
                 }
@@ -394,7 +426,7 @@ impl Agent {
                     self.report();
                 }
                 () = self.holder.expired() => {
-                    self.relocate("etcd expired our lease").await?;
+                    self.relocate("etcd expired our lease", None).await?;
                     self.report();
                 }
                 _ = sighup.recv() => {
@@ -424,8 +456,8 @@ impl Agent {
         if let Err(e) = self.apply(&out.updates).await {
             tracing::error!(error = %format!("{e:#}"), "applying lease changes failed part-way; the dataplane check repairs what is missing");
         }
-        if let Some(why) = out.lost {
-            self.relocate(&why).await?;
+        if let Some(lost) = out.lost {
+            self.relocate(&lost.why, lost.to.as_deref()).await?;
         }
         if let Some(revision) = out.synced {
             self.dataplane.synced(revision).await?;
@@ -516,8 +548,9 @@ impl Agent {
 
     /// Ready: the lease is held, the peer set has been complete once, no
     /// local pod is left on an old subnet, and the lease watch is current.
-    fn ready(&self) -> bool {
-        self.metrics.lease_held()
+    fn ready(&mut self) -> bool {
+        self.holder.conflict().is_none()
+            && self.metrics.lease_held()
             && self.synced
             && self.old_subnet.is_none()
             && self.metrics.watch_lag().is_some_and(|l| l < WATCH_STALE)
@@ -587,6 +620,10 @@ impl Agent {
             }),
             masquerade: self.ip_masq,
             mtu: self.dataplane.mtu(),
+            conflict: self
+                .holder
+                .conflict()
+                .map(|c| report::IpConflict { node: c.node }),
             rejected: self
                 .view
                 .rejected()
@@ -632,9 +669,9 @@ impl Agent {
 
     /// Our lease is gone: go back through the fenced path (the same subnet
     /// if it is still free, else a new one) and move the dataplane there.
-    async fn relocate(&mut self, why: &str) -> Result<()> {
+    async fn relocate(&mut self, why: &str, to: Option<&str>) -> Result<()> {
         self.metrics.set_ready(false);
-        let old = self.holder.lose(why);
+        let old = self.holder.lose(why, to);
         let held = self.holder.acquire(old).await;
         self.took(&held).await?;
         if let Some(old) = old

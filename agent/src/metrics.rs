@@ -62,6 +62,8 @@ pub(crate) struct Metrics {
     counters: OnceLock<Arc<Counters>>,
     /// What the marking of fast-path flows as liberal did (host routing).
     liberal: OnceLock<Arc<LiberalStats>>,
+    /// Another live node claims our public IP.
+    public_ip_conflict: AtomicBool,
 }
 
 #[derive(Default)]
@@ -92,6 +94,9 @@ impl Metrics {
     }
     pub(crate) fn set_peers(&self, n: u64) {
         self.peers.store(n, Relaxed);
+    }
+    pub(crate) fn set_public_ip_conflict(&self, on: bool) {
+        self.public_ip_conflict.store(on, Relaxed);
     }
     pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Relaxed);
@@ -311,6 +316,16 @@ impl Metrics {
                 .unwrap_or(0);
             let _ = writeln!(o, "{name}{{what=\"{what}\"}} {n}");
         }
+        gauge(
+            &mut o,
+            "weft_public_ip_conflict",
+            "1 while another live node claims this node's public IP (see weft status).",
+            if self.public_ip_conflict.load(Relaxed) {
+                1.0
+            } else {
+                0.0
+            },
+        );
         gauge(
             &mut o,
             "weft_direct_peers",

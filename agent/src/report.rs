@@ -41,6 +41,15 @@ pub(crate) struct Report {
     /// The overlay device's MTU.
     #[serde(default)]
     pub(crate) mtu: Option<u32>,
+    /// Another live node that claims this node's public IP.
+    #[serde(default)]
+    pub(crate) conflict: Option<IpConflict>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IpConflict {
+    /// The other node's id.
+    pub(crate) node: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,8 +15,9 @@
 //!
 //! Checked on every write, after every acquisition and after every step:
 //! - no write ever modifies or deletes a key another agent created (the
-//!   flannel #1289 class of bug), and only the node a reservation is for
-//!   may write it;
+//!   flannel #1289 class of bug), except a node at the same PublicIP taking
+//!   over its lease (a replaced machine; the key is then that node's), and
+//!   only the node a reservation is for may write it;
 //! - an acquisition only returns a key that exists, carries the returned etcd
 //!   lease and create revision, is the agent's own, and whose subnet
 //!   overlaps no other key inside the network;
@@ -60,7 +61,8 @@ const TTL: i64 = 10;
 /// Who created a key: the oracle's view, kept from the writes themselves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Owner {
-    Agent(String),
+    /// The node that created (or took over) the key, and its address.
+    Agent(String, IpAddr),
     /// An operator's reservation for this PublicIP (PublicIPv6 on an
     /// IPv6-only network).
     Reservation(IpAddr),
@@ -151,11 +153,12 @@ impl World {
     }
 }
 
-/// May `writer` put to the existing `key`? Only if it created it, or it is
-/// a reservation for the writer's PublicIP.
+/// May `writer` put to the existing `key`? Only if it created it (or took
+/// it over), or it is at the creator's PublicIP (a replaced machine), or it
+/// is a reservation for the writer's PublicIP.
 fn may_put(owners: &HashMap<String, Owner>, writer: &Identity, key: &str) -> bool {
     match owners.get(key) {
-        Some(Owner::Agent(id)) => *id == writer.node_id,
+        Some(Owner::Agent(id, addr)) => *id == writer.node_id || *addr == writer.addr(),
         Some(Owner::Reservation(ip)) => *ip == writer.addr(),
         Some(Owner::Foreign) | None => false,
     }
@@ -217,7 +220,7 @@ impl Store for MemStore {
             for op in ops {
                 match op {
                     Op::Put { key, value, lease } => {
-                        let kv = match w.kvs.get(&key) {
+                        let kv = match w.kvs.get(&key).cloned() {
                             Some(old) => {
                                 assert!(
                                     may_put(&w.owners, &self.me, &key),
@@ -226,6 +229,13 @@ impl Store for MemStore {
                                     w.owners.get(&key),
                                     String::from_utf8_lossy(&old.value)
                                 );
+                                if let Some(Owner::Agent(..)) = w.owners.get(&key) {
+                                    // A takeover makes it the writer's.
+                                    w.owners.insert(
+                                        key.clone(),
+                                        Owner::Agent(self.me.node_id.clone(), self.me.addr()),
+                                    );
+                                }
                                 KeyValue {
                                     key: key.clone(),
                                     value,
@@ -236,8 +246,10 @@ impl Store for MemStore {
                                 }
                             }
                             None => {
-                                w.owners
-                                    .insert(key.clone(), Owner::Agent(self.me.node_id.clone()));
+                                w.owners.insert(
+                                    key.clone(),
+                                    Owner::Agent(self.me.node_id.clone(), self.me.addr()),
+                                );
                                 KeyValue {
                                     key: key.clone(),
                                     value,
@@ -252,11 +264,11 @@ impl Store for MemStore {
                     }
                     Op::Delete { key } => {
                         if w.kvs.contains_key(&key) {
-                            assert_eq!(
-                                w.owners.get(&key),
-                                Some(&Owner::Agent(self.me.node_id.clone())),
-                                "SAFETY: {:?} deleted {key}",
-                                self.me
+                            assert!(
+                                matches!(w.owners.get(&key), Some(Owner::Agent(id, _)) if *id == self.me.node_id),
+                                "SAFETY: {:?} deleted {key} of {:?}",
+                                self.me,
+                                w.owners.get(&key)
                             );
                         }
                         w.kvs.remove(&key);
@@ -347,6 +359,7 @@ fn start(node: &mut Node, cfg: &NetworkConfig) {
             ttl: TTL,
             preferred,
             lease_id: None,
+            not_from: &[],
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         acquire(&store, &req, &mut rng).await
@@ -459,17 +472,24 @@ fn overlaps_in(cfg: &NetworkConfig, a: &Subnets, b: &Subnets) -> bool {
     v4 || v6
 }
 
-/// Every two agents that still hold their key hold disjoint subnets.
+/// Every two agents that still hold their key hold disjoint subnets. An
+/// agent holds its key while the key is the one it acquired, carries its
+/// etcd lease and names it (a reservation has no lease: a machine at the
+/// same address that took it over holds it now).
 fn no_two_holders_overlap(nodes: &[Node], world: &Arc<Mutex<World>>, cfg: &NetworkConfig) {
     let w = world.lock().unwrap();
     let holding: Vec<&HeldLease> = nodes
         .iter()
-        .filter_map(|n| n.held.as_ref())
-        .filter(|h| {
-            w.kvs
-                .get(&h.key)
-                .is_some_and(|kv| kv.create_revision == h.create_revision && kv.lease == h.lease_id)
+        .filter_map(|n| Some((n, n.held.as_ref()?)))
+        .filter(|(n, h)| {
+            w.kvs.get(&h.key).is_some_and(|kv| {
+                kv.create_revision == h.create_revision
+                    && kv.lease == h.lease_id
+                    && LeaseAttrs::parse(&kv.value)
+                        .is_ok_and(|a| a.node_id.as_deref() == Some(&n.store.me.node_id))
+            })
         })
+        .map(|(_, h)| h)
         .collect();
     for (i, a) in holding.iter().enumerate() {
         for b in &holding[i + 1..] {
@@ -665,10 +685,14 @@ fn run(
                 start(&mut nodes[i], &cfg);
             }
             Action::Notice(i) => {
+                let me = nodes[i].store.me.node_id.clone();
                 let lost = nodes[i].held.as_ref().is_some_and(|h| {
                     let w = world.lock().unwrap();
                     w.kvs.get(&h.key).is_none_or(|kv| {
-                        kv.create_revision != h.create_revision || kv.lease != h.lease_id
+                        kv.create_revision != h.create_revision
+                            || kv.lease != h.lease_id
+                            || LeaseAttrs::parse(&kv.value)
+                                .is_ok_and(|a| a.node_id.as_deref() != Some(&me))
                     })
                 });
                 if lost && !nodes[i].paused {

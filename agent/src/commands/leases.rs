@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 
+use super::shown;
 use crate::{
     cli::EtcdArgs,
     lease::{self, EtcdStore, NetworkConfig, Store as _},
@@ -81,19 +82,19 @@ pub(crate) async fn leases(etcd: &EtcdArgs, json: bool) -> Result<()> {
             .attrs
             .vxlan_data()
             .map(|d| d.vtep_mac.to_string())
-            .unwrap_or_else(|_| format!("({})", l.attrs.backend_type));
+            .unwrap_or_else(|_| format!("({})", shown(&l.attrs.backend_type)));
         println!(
             "{:<20} {:<16} {:<18} {:<24} {:<12} {}",
             l.subnet.to_string(),
             l.attrs.public_ip.to_string(),
             mac,
-            l.attrs.node_id.as_deref().unwrap_or("(flannel)"),
+            shown(l.attrs.node_id.as_deref().unwrap_or("(flannel)")),
             ttl_text(l.lease_id),
-            verdict(&l.key),
+            shown(&verdict(&l.key)),
         );
     }
     for (k, why) in &bad {
-        println!("malformed: {k}: {why}");
+        println!("malformed: {}: {}", shown(k), shown(why));
     }
     Ok(())
 }

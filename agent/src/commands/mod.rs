@@ -5,6 +5,7 @@ mod counters;
 mod doctor;
 mod install_cni;
 mod leases;
+mod node_init;
 mod status;
 mod teardown;
 
@@ -12,5 +13,40 @@ pub(crate) use counters::counters;
 pub(crate) use doctor::{DoctorArgs, doctor};
 pub(crate) use install_cni::{install_cni, uninstall_cni};
 pub(crate) use leases::leases;
+pub(crate) use node_init::node_init;
 pub(crate) use status::status;
 pub(crate) use teardown::teardown;
+
+/// Text from etcd (keys, node ids, backend types, errors quoting them), fit
+/// for an operator's terminal: control characters (terminal escapes among
+/// them) shown escaped, and at most [`SHOWN_MAX`] characters.
+pub(crate) fn shown(s: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i == SHOWN_MAX {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The longest text from etcd shown whole.
+const SHOWN_MAX: usize = 120;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn text_from_etcd_cannot_drive_a_terminal() {
+        assert_eq!(super::shown("10.244.3.0-24"), "10.244.3.0-24");
+        let hostile = "key\u{1b}]0;pwned\u{7}\u{1b}[2J";
+        let shown = super::shown(hostile);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert_eq!(super::shown(&"x".repeat(500)).chars().count(), 121);
+    }
+}

@@ -177,6 +177,12 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
         ),
         Some(r) => {
             println!("\nAgent: {}", if r.ready { "ready" } else { "NOT READY" });
+            if let Some(c) = &r.conflict {
+                println!(
+                    "  PUBLIC IP CONFLICT: node {:?} claims this node's public IP too (cloned machines, or one --public-ip for two nodes); give each node its own address",
+                    c.node
+                );
+            }
             if let Some(o) = &r.old_subnet {
                 println!(
                     "  waiting for {} local pod(s) to leave the old subnet {}: recreate them",
@@ -201,13 +207,18 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
                     r.endpoints_rejected.len()
                 );
                 for e in &r.endpoints_rejected {
-                    println!("  {}: {}", e.owner, e.why);
+                    println!("  {}: {}", super::shown(&e.owner), super::shown(&e.why));
                 }
             }
             if !r.rejected.is_empty() {
                 println!("\nLeases rejected ({})", r.rejected.len());
                 for l in &r.rejected {
-                    println!("  {} ({}): {}", l.key, l.reason, l.detail);
+                    println!(
+                        "  {} ({}): {}",
+                        super::shown(&l.key),
+                        l.reason,
+                        super::shown(&l.detail)
+                    );
                 }
             }
         }

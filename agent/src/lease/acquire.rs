@@ -6,8 +6,12 @@
 //! - a new subnet is taken only by *creating* its key (`create_revision == 0`),
 //!   attached to our etcd lease;
 //! - an existing key is rewritten only if its value names our PublicIP and our
-//!   node id (or it is an operator's reservation for our PublicIP), and only
-//!   if it is still exactly the version we read (`mod_revision` compare);
+//!   node id (or it is an operator's reservation for our PublicIP, or
+//!   flannel's lease for it), or names our PublicIP under another node id
+//!   (a machine replaced at the same address, as flannel reuses the lease of
+//!   its PublicIP), and only if it is still exactly the version we read
+//!   (`mod_revision` compare); two live nodes that claim one address are
+//!   caught by the holder, which stops taking the other's lease back;
 //! - the subnet from the local subnet file is a *preference*: it is tried
 //!   through create-if-absent and never used to update an existing key
 //!   (flannel's bug #1289: a node coming back wrote its old subnet over
@@ -69,6 +73,9 @@ pub struct HeldLease {
     pub create_revision: i64,
     pub mod_revision: i64,
     pub attrs: LeaseAttrs,
+    /// The node id the key named before we took it over (it named our
+    /// PublicIP under that id: a replaced machine).
+    pub taken_from: Option<String>,
 }
 
 impl HeldLease {
@@ -92,6 +99,10 @@ pub enum AcquireError {
     },
     #[error("lost {0} races for a free subnet in a row")]
     Contended(u32),
+    #[error(
+        "the lease {key} names this node's public IP for node {node:?}, a live node that claims this address too"
+    )]
+    Conflict { node: String, key: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -118,6 +129,9 @@ pub struct AcquireRequest<'a> {
     pub preferred: Option<Subnets>,
     /// An etcd lease we already hold and may attach (None: grant one).
     pub lease_id: Option<i64>,
+    /// Node ids whose leases of our PublicIP we must not take over: live
+    /// nodes that claim our address too (a conflict, see the holder).
+    pub not_from: &'a [String],
 }
 
 /// The wait after a lost race: random, up to 10 ms, 20 ms, ... 320 ms.
@@ -144,15 +158,19 @@ struct Entry {
 enum Plan {
     /// The key is already ours exactly as we want it.
     Adopt(KeyValue, Subnets),
-    /// Rewrite our own key (or our reservation) if unchanged since we read it.
+    /// Rewrite our own key (or our reservation, or the key of a replaced
+    /// machine at our address: `from`) if unchanged since we read it.
     Reclaim {
         kv: KeyValue,
         subnet: Subnets,
         reservation: bool,
+        from: Option<String>,
     },
     /// Create free subnets' key.
     Create(Subnets),
     OutOfSubnets(AcquireError),
+    /// A live node that claims our address holds its lease.
+    Conflict(AcquireError),
 }
 
 fn parse_listing(prefix: &str, listing: &Listing) -> Vec<Entry> {
@@ -167,22 +185,51 @@ fn parse_listing(prefix: &str, listing: &Listing) -> Vec<Entry> {
         .collect()
 }
 
-/// Whether `e` is a key we may rewrite: it names our node id and PublicIP;
-/// or it is a reservation (no lease) for our PublicIP that names no node or
-/// us; or it is a lease flannel wrote for our PublicIP (no node id), which a
-/// node moving from flannel to Weft takes over. Only keys that fit the
-/// config (flannel's `isSubnetConfigCompat`: `SubnetLen`, between
-/// `SubnetMin` and `SubnetMax`) are ever reclaimed.
-fn is_ours(e: &Entry, me: &Identity, cfg: &NetworkConfig) -> bool {
-    let Some(a) = &e.attrs else { return false };
-    let Some(subnet) = e.subnet else { return false };
+/// Why a key is ours to rewrite.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Claim {
+    /// It names our node id and PublicIP.
+    Own,
+    /// No node id: an operator's reservation for our PublicIP, or a lease
+    /// flannel wrote for it (a node moving from flannel to Weft takes it
+    /// over).
+    Unnamed,
+    /// Our PublicIP under another node id: the machine that held it was
+    /// replaced (reinstalled, its address reused, its machine-id new).
+    Replaced(String),
+}
+
+/// Whether `e` is a key we may rewrite, and why (see [`Claim`]). Only keys
+/// that fit the config (flannel's `isSubnetConfigCompat`: `SubnetLen`,
+/// between `SubnetMin` and `SubnetMax`) are ever reclaimed, and never a
+/// key of a node in `not_from`.
+fn claim(e: &Entry, me: &Identity, cfg: &NetworkConfig, not_from: &[String]) -> Option<Claim> {
+    let a = e.attrs.as_ref()?;
+    let subnet = e.subnet?;
     if a.node_addr() != me.addr() || !cfg.is_assignable(&subnet) {
-        return false;
+        return None;
     }
     match &a.node_id {
-        Some(n) => *n == me.node_id,
-        None => true,
+        Some(n) if *n == me.node_id => Some(Claim::Own),
+        Some(n) if not_from.contains(n) => None,
+        Some(n) => Some(Claim::Replaced(n.clone())),
+        None => Some(Claim::Unnamed),
     }
+}
+
+/// The first key naming our PublicIP under a node of `not_from`, if any.
+fn conflicting<'a>(
+    entries: &'a [Entry],
+    me: &Identity,
+    cfg: &NetworkConfig,
+    not_from: &[String],
+) -> Option<(&'a Entry, String)> {
+    entries.iter().find_map(|e| {
+        let a = e.attrs.as_ref()?;
+        let n = a.node_id.as_ref()?;
+        let fits = e.subnet.is_some_and(|s| cfg.is_assignable(&s));
+        (a.node_addr() == me.addr() && fits && not_from.contains(n)).then(|| (e, n.clone()))
+    })
 }
 
 fn plan(
@@ -192,27 +239,33 @@ fn plan(
     rng: &mut impl Rng,
 ) -> (Plan, Vec<KeyValue>) {
     let value = req.value.to_json().into_bytes();
-    let mut ours: Vec<&Entry> = entries
+    let mut ours: Vec<(&Entry, Claim)> = entries
         .iter()
-        .filter(|e| is_ours(e, req.me, req.config))
+        .filter_map(|e| Some((e, claim(e, req.me, req.config, req.not_from)?)))
         .collect();
     // Preference: an operator's reservation, then the preferred subnet, then
-    // the key most recently written.
-    ours.sort_by_key(|e| {
+    // the key most recently written; a replaced machine's key only when
+    // nothing else names us, the oldest first (the one every node takes
+    // for our address).
+    ours.sort_by_key(|(e, c)| {
+        let replaced = matches!(c, Claim::Replaced(_));
         (
+            replaced,
+            if replaced { e.kv.create_revision } else { 0 },
             e.kv.lease != 0,
             e.subnet != req.preferred,
             std::cmp::Reverse(e.kv.mod_revision),
         )
     });
-    if let Some(chosen) = ours.first() {
-        let subnet = chosen.subnet.expect("is_ours checked the key");
+    if let Some((chosen, how)) = ours.first() {
+        let subnet = chosen.subnet.expect("claim checked the key");
         // Other leased keys naming this node are leftovers: remove them.
-        // Reservations and flannel's keys are never removed.
+        // Reservations, flannel's keys and other nodes' keys are never
+        // removed.
         let extras = ours[1..]
             .iter()
-            .filter(|e| e.kv.lease != 0 && e.attrs.as_ref().is_some_and(|a| a.node_id.is_some()))
-            .map(|e| e.kv.clone())
+            .filter(|(e, c)| *c == Claim::Own && e.kv.lease != 0)
+            .map(|(e, _)| e.kv.clone())
             .collect();
         let reservation = chosen.kv.lease == 0;
         let current =
@@ -224,9 +277,25 @@ fn plan(
                 kv: chosen.kv.clone(),
                 subnet,
                 reservation,
+                from: match how {
+                    Claim::Replaced(n) => Some(n.clone()),
+                    _ => None,
+                },
             }
         };
         return (plan, extras);
+    }
+    // A live node that claims our address holds a lease for it: no second
+    // lease for the address (every other node would reject it), but wait
+    // for that one to go.
+    if let Some((e, node)) = conflicting(entries, req.me, req.config, req.not_from) {
+        return (
+            Plan::Conflict(AcquireError::Conflict {
+                node,
+                key: e.kv.key.clone(),
+            }),
+            Vec::new(),
+        );
     }
 
     // Nothing of ours: every existing key inside the network takes the
@@ -428,8 +497,8 @@ async fn acquire_inner<S: Store>(
     for attempt in 0..MAX_ATTEMPTS {
         let entries = parse_listing(prefix, &listing);
         let (plan, extras) = plan(req, &entries, *lease_id, rng);
-        let (key, subnet, compare, attach, reservation, create_rev) = match plan {
-            Plan::OutOfSubnets(e) => return Err(e),
+        let (key, subnet, compare, attach, reservation, create_rev, from) = match plan {
+            Plan::OutOfSubnets(e) | Plan::Conflict(e) => return Err(e),
             Plan::Adopt(kv, subnet) => {
                 remove_extras(store, &extras, stats).await;
                 return Ok(HeldLease {
@@ -439,12 +508,14 @@ async fn acquire_inner<S: Store>(
                     create_revision: kv.create_revision,
                     mod_revision: kv.mod_revision,
                     attrs: req.value.clone(),
+                    taken_from: None,
                 });
             }
             Plan::Reclaim {
                 kv,
                 subnet,
                 reservation,
+                from,
             } => (
                 kv.key.clone(),
                 subnet,
@@ -452,6 +523,7 @@ async fn acquire_inner<S: Store>(
                 !reservation,
                 reservation,
                 Some(kv.create_revision),
+                from,
             ),
             Plan::Create(subnet) => {
                 let key = format!("{prefix}{}", subnet.key());
@@ -461,6 +533,7 @@ async fn acquire_inner<S: Store>(
                     Compare::CreateRevision(key, 0),
                     true,
                     false,
+                    None,
                     None,
                 )
             }
@@ -494,6 +567,7 @@ async fn acquire_inner<S: Store>(
                     create_revision: create_rev.unwrap_or(o.revision),
                     mod_revision: o.revision,
                     attrs: req.value.clone(),
+                    taken_from: from,
                 });
             }
             Ok(o) => {
@@ -594,6 +668,7 @@ mod tests {
             ttl: 60,
             preferred: preferred.map(|p| Subnets::v4(p.parse().unwrap())),
             lease_id: lease,
+            not_from: &[],
         };
         let listing = Listing { revision: 10, kvs };
         let entries = parse_listing("/p/subnets/", &listing);
@@ -635,13 +710,13 @@ mod tests {
     }
 
     #[test]
-    fn own_keys_are_reclaimed_clones_and_strangers_are_not() {
+    fn own_keys_are_reclaimed_and_strangers_are_not() {
         let a = me("a", [198, 18, 0, 1]);
-        let clone = me("a-clone", [198, 18, 0, 1]);
+        let b = me("b", [198, 18, 0, 2]);
         let mine = kv("10.5.3.0/24", &value(&a), 5, 4);
         let (p, _) = run_plan(&a, None, vec![mine.clone()], Some(99));
         assert!(
-            matches!(p, Plan::Reclaim { ref kv, reservation: false, .. } if kv.key == mine.key)
+            matches!(p, Plan::Reclaim { ref kv, reservation: false, from: None, .. } if kv.key == mine.key)
         );
         // Same key with our current lease and value: adopted without a write.
         let (p, _) = run_plan(
@@ -651,9 +726,69 @@ mod tests {
             Some(99),
         );
         assert!(matches!(p, Plan::Adopt(..)));
-        // The clone (same PublicIP, other node id) never takes it.
-        let (p, _) = run_plan(&clone, None, vec![mine.clone()], None);
+        // Another node (another PublicIP) never takes it.
+        let (p, _) = run_plan(&b, None, vec![mine.clone()], None);
         assert!(matches!(p, Plan::Create(s) if s.to_string() != "10.5.3.0/24"));
+    }
+
+    #[test]
+    fn a_replaced_machine_takes_back_the_lease_of_its_address() {
+        let a = me("a", [198, 18, 0, 1]);
+        // The same address with a new node id (reinstalled, a new
+        // machine-id): the old lease is taken over, fenced by its revision.
+        let replaced = me("a-new", [198, 18, 0, 1]);
+        let old = kv("10.5.3.0/24", &value(&a), 5, 4);
+        let (p, extras) = run_plan(&replaced, None, vec![old.clone()], None);
+        assert!(
+            matches!(p, Plan::Reclaim { ref kv, ref from, .. } if kv.key == old.key && from.as_deref() == Some("a")),
+            "{p:?}"
+        );
+        assert!(extras.is_empty(), "another node's key is never removed");
+        // Of two, the older (the one every node takes for the address).
+        let newer = kv("10.5.9.0/24", &value(&me("x", [198, 18, 0, 1])), 6, 8);
+        let (p, _) = run_plan(&replaced, None, vec![newer, old.clone()], None);
+        assert!(
+            matches!(p, Plan::Reclaim { ref kv, .. } if kv.key == old.key),
+            "{p:?}"
+        );
+        // Our own key wins over any of them.
+        let mine = kv("10.5.7.0/24", &value(&replaced), 7, 9);
+        let (p, _) = run_plan(&replaced, None, vec![old.clone(), mine.clone()], None);
+        assert!(
+            matches!(p, Plan::Reclaim { ref kv, from: None, .. } if kv.key == mine.key),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_live_node_claiming_our_address_is_waited_for() {
+        let a = me("a", [198, 18, 0, 1]);
+        let clone = me("a-clone", [198, 18, 0, 1]);
+        let c = cfg();
+        let v = value(&clone);
+        let not_from = ["a".to_string()];
+        let req = AcquireRequest {
+            subnets_prefix: "/p/subnets/",
+            config: &c,
+            me: &clone,
+            value: &v,
+            ttl: 60,
+            preferred: None,
+            lease_id: None,
+            not_from: &not_from,
+        };
+        let kvs = vec![kv("10.5.3.0/24", &value(&a), 5, 4)];
+        let entries = parse_listing("/p/subnets/", &Listing { revision: 5, kvs });
+        let (p, _) = plan(
+            &req,
+            &entries,
+            None,
+            &mut rand::rngs::StdRng::seed_from_u64(1),
+        );
+        assert!(
+            matches!(p, Plan::Conflict(AcquireError::Conflict { ref node, .. }) if node == "a"),
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -716,6 +851,7 @@ mod tests {
             ttl: 60,
             preferred: None,
             lease_id: None,
+            not_from: &[],
         };
         let entries = parse_listing("/p/subnets/", &Listing { revision: 1, kvs });
         let (p, _) = plan(
@@ -772,6 +908,7 @@ mod tests {
             ttl: 60,
             preferred,
             lease_id: None,
+            not_from: &[],
         };
         let entries = parse_listing("/p/subnets/", &Listing { revision: 1, kvs });
         plan(
@@ -863,6 +1000,7 @@ mod tests {
             ttl: 60,
             preferred: None,
             lease_id: None,
+            not_from: &[],
         };
         // Another IPv6-only node's key takes its IPv6 subnet only.
         let first = c.ipv6.as_ref().unwrap().nth(0).unwrap();

@@ -51,8 +51,16 @@ const SYSTEM_ROOTS: [&str; 3] = [
 /// 1.5 MiB maximum) is asked for again with half as many keys, down to one.
 pub(crate) const LIST_PAGE: i64 = 1000;
 
-/// Lease values larger than this are malformed (a real one is ~200 bytes).
-pub(crate) const MAX_VALUE_BYTES: usize = 64 * 1024;
+/// Lease values larger than this are malformed (a real one is 200 to 400
+/// bytes). Only this much (and one byte more, to tell) of any value is
+/// kept once read, so what etcd holds bounds nothing in the agent: a page
+/// of junk values is cut down as it arrives and dropped before the next.
+pub(crate) const MAX_VALUE_BYTES: usize = 4096;
+
+/// Keys longer than this cannot be a lease's (the longest,
+/// `<prefix>/subnets/<IPv4>-32&<IPv6>-128`, is a few hundred bytes with any
+/// sane prefix); only this much of one is kept, marked so it never parses.
+pub(crate) const MAX_KEY_BYTES: usize = 1024;
 
 impl EtcdOptions {
     /// `with_user`: false for the health checker's per-member clients,
@@ -104,6 +112,29 @@ impl EtcdOptions {
             o = o.with_tls(tls);
         }
         Ok(o)
+    }
+
+    /// A digest of the TLS files' contents (None without TLS files). It
+    /// changes when any of them is rewritten, and when a Kubernetes Secret
+    /// volume swaps its `..data` link to new files (the paths stay, what
+    /// they lead to changes).
+    pub(crate) fn tls_files_digest(&self) -> Option<u64> {
+        use std::hash::{Hash as _, Hasher as _};
+        let files: Vec<&PathBuf> = [&self.cafile, &self.certfile, &self.keyfile]
+            .into_iter()
+            .flatten()
+            .collect();
+        if files.is_empty() {
+            return None;
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for f in files {
+            match std::fs::read(f) {
+                Ok(b) => b.hash(&mut h),
+                Err(e) => e.kind().hash(&mut h),
+            }
+        }
+        Some(h.finish())
     }
 
     /// Whether the endpoints are https:// (all of them, see
@@ -248,7 +279,14 @@ impl EtcdStore {
     /// again (on SIGHUP, after they were replaced on disk). In-flight
     /// requests finish on the old connection; the watch restarts on the new.
     pub async fn reconnect(&self) -> Result<()> {
-        let c = connect_client(&self.opts, true).await?;
+        let mut c = connect_client(&self.opts, true).await?;
+        // The connection may be made lazily: a request proves the files
+        // work (a wrong certificate fails its handshake) before the client
+        // that works is replaced.
+        tokio::time::timeout(self.opts.request_timeout, c.status())
+            .await
+            .map_err(|_| anyhow::anyhow!("etcd did not answer with the new connection"))?
+            .context("etcd refused the new connection")?;
         *self.client.write().expect("client lock") = c;
         self.generation.send_modify(|g| *g += 1);
         Ok(())
@@ -408,9 +446,18 @@ async fn connect_client(opts: &EtcdOptions, with_user: bool) -> Result<Client> {
 }
 
 pub(crate) fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
+    let key = match kv.key() {
+        k if k.len() > MAX_KEY_BYTES => format!(
+            "{}\u{0}(a key of {} bytes)",
+            String::from_utf8_lossy(&k[..MAX_KEY_BYTES]),
+            k.len()
+        ),
+        k => String::from_utf8_lossy(k).into_owned(),
+    };
+    let value = kv.value();
     KeyValue {
-        key: String::from_utf8_lossy(kv.key()).into_owned(),
-        value: kv.value().to_vec(),
+        key,
+        value: value[..value.len().min(MAX_VALUE_BYTES + 1)].to_vec(),
         create_revision: kv.create_revision(),
         mod_revision: kv.mod_revision(),
         version: kv.version(),

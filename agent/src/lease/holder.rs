@@ -1,8 +1,17 @@
 //! The life cycle of this node's lease: acquire it (retrying forever, saying
 //! why), keep it alive, notice when etcd lets it go, and go back through the
 //! fenced acquisition for a new one.
+//!
+//! A machine replaced at the same address (a new node id) takes back the
+//! lease of its address. Two live nodes that claim one address (cloned
+//! machines, one `--public-ip` behind NAT) would take it from each other
+//! forever; a node that loses the lease to a node it took it from within
+//! [`CONFLICT_WINDOW`], or takes it from a node it lost it to, reports a
+//! conflict (log, `weft_public_ip_conflict`, `weft status`, not ready) and
+//! never takes that node's lease again: the one that holds it keeps it,
+//! the other waits until it is gone.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use rand::SeedableRng as _;
 use tokio::{
@@ -21,6 +30,54 @@ use super::{
     store::Store as _,
 };
 use crate::{backoff::Backoff, metrics::Metrics};
+
+/// A takeover and a loss between us and one node this close together are
+/// two live nodes claiming one address.
+pub(crate) const CONFLICT_WINDOW: Duration = Duration::from_secs(600);
+
+/// The conflict stays reported this long on the node that kept the lease
+/// (the other one has stopped taking it).
+const CONFLICT_HOLD: Duration = Duration::from_secs(300);
+
+/// Another live node that claims our public IP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Conflict {
+    pub(crate) node: String,
+    pub(crate) since: Instant,
+}
+
+/// Who we took our address's lease from, and lost it to, and when.
+#[derive(Default)]
+struct Claims {
+    took_from: HashMap<String, Instant>,
+    lost_to: HashMap<String, Instant>,
+    /// Nodes whose leases of our address we no longer take over.
+    not_from: Vec<String>,
+    conflict: Option<Conflict>,
+}
+
+impl Claims {
+    fn recent(map: &HashMap<String, Instant>, node: &str) -> bool {
+        map.get(node)
+            .is_some_and(|at| at.elapsed() < CONFLICT_WINDOW)
+    }
+
+    /// A cycle with `node`: it claims our address while alive.
+    fn conflict(&mut self, node: &str, metrics: &Metrics) {
+        if !self.not_from.iter().any(|n| n == node) {
+            self.not_from.push(node.to_string());
+        }
+        tracing::error!(
+            other_node = node,
+            "PUBLIC IP CONFLICT: another live node claims this node's public IP (cloned machines, or one --public-ip for two nodes behind NAT); this node stops taking that node's lease and is not ready until it is fixed"
+        );
+        self.conflict = Some(Conflict {
+            node: node.to_string(),
+            since: Instant::now(),
+        });
+        metrics.set_public_ip_conflict(true);
+    }
+}
 
 /// The holder's timing.
 #[derive(Clone, Copy, Debug)]
@@ -49,6 +106,7 @@ pub(crate) struct LeaseHolder {
     keeper: Option<JoinHandle<()>>,
     expired_tx: mpsc::Sender<i64>,
     expired_rx: mpsc::Receiver<i64>,
+    claims: Claims,
 }
 
 impl LeaseHolder {
@@ -76,7 +134,21 @@ impl LeaseHolder {
             keeper: None,
             expired_tx,
             expired_rx,
+            claims: Claims::default(),
         }
+    }
+
+    /// Another live node that claims our public IP, while that is known.
+    pub(crate) fn conflict(&mut self) -> Option<Conflict> {
+        if let Some(c) = &self.claims.conflict
+            && self.held.is_some()
+            && c.since.elapsed() > CONFLICT_HOLD
+        {
+            tracing::info!(other_node = %c.node, "no more sign of the public IP conflict; this node holds the lease");
+            self.claims.conflict = None;
+            self.metrics.set_public_ip_conflict(false);
+        }
+        self.claims.conflict.clone()
     }
 
     /// Acquires a subnet (`preferred` if it is free), retrying forever with
@@ -117,11 +189,18 @@ impl LeaseHolder {
         }
     }
 
-    /// Our lease is gone (`why`): stop claiming it. Returns the subnet we
-    /// held, to try first when acquiring again.
-    pub(crate) fn lose(&mut self, why: &str) -> Option<Subnets> {
+    /// Our lease is gone (`why`; taken by node `to`, if a node took it):
+    /// stop claiming it. Returns the subnet we held, to try first when
+    /// acquiring again.
+    pub(crate) fn lose(&mut self, why: &str, to: Option<&str>) -> Option<Subnets> {
         if let Some(k) = self.keeper.take() {
             k.abort();
+        }
+        if let Some(to) = to.filter(|n| *n != self.me.node_id) {
+            if Claims::recent(&self.claims.took_from, to) {
+                self.claims.conflict(to, &self.metrics);
+            }
+            self.claims.lost_to.insert(to.to_string(), Instant::now());
         }
         let old = self.held.take()?;
         self.metrics.inc_lease_lost();
@@ -153,6 +232,7 @@ impl LeaseHolder {
                 ttl: ttl.as_secs() as i64,
                 preferred,
                 lease_id: reuse,
+                not_from: &self.claims.not_from,
             };
             let (r, stats, lease) = acquire::acquire(&self.store, &req, &mut self.rng).await;
             if lease != reuse {
@@ -162,6 +242,22 @@ impl LeaseHolder {
                 Ok(held) => {
                     self.spare_lease = None;
                     self.metrics.observe_acquire(started.elapsed());
+                    if let Some(from) = &held.taken_from {
+                        tracing::warn!(
+                            key = %held.key,
+                            previous_node = %from,
+                            "took over the lease of this node's public IP from another node id (a machine replaced at this address keeps its subnet)"
+                        );
+                        if Claims::recent(&self.claims.lost_to, from) {
+                            self.claims.conflict(from, &self.metrics);
+                        }
+                        self.claims.took_from.insert(from.clone(), Instant::now());
+                    } else if let Some(c) = self.claims.conflict.take() {
+                        // Acquired without taking anyone's lease: the
+                        // conflicting node's is gone.
+                        tracing::info!(other_node = %c.node, "the lease of the node that claimed this public IP is gone");
+                        self.metrics.set_public_ip_conflict(false);
+                    }
                     tracing::info!(
                         subnet = %held.subnet,
                         key = %held.key,
@@ -177,6 +273,11 @@ impl LeaseHolder {
                     self.metrics.inc_out_of_subnets();
                     let wait = self.timing.retry_interval;
                     tracing::error!(error = %e, retry_in = ?wait, "no subnet for this node");
+                    sleep(wait).await;
+                }
+                Err(e @ AcquireError::Conflict { .. }) => {
+                    let wait = self.timing.retry_interval;
+                    tracing::warn!(error = %e, retry_in = ?wait, "waiting for the other node's lease of this public IP to go");
                     sleep(wait).await;
                 }
                 Err(e @ AcquireError::Contended(_)) => {

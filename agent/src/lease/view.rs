@@ -27,13 +27,21 @@ use crate::{
     metrics::Metrics,
 };
 
+/// Our lease is gone.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Lost {
+    pub(crate) why: String,
+    /// The node id our key names now, if another node took it.
+    pub(crate) to: Option<String>,
+}
+
 /// What a batch of lease events means for this node.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Outcome {
     /// What the dataplane must change, in order.
     pub(crate) updates: Vec<PeerUpdate>,
     /// Our lease is gone, and why.
-    pub(crate) lost: Option<String>,
+    pub(crate) lost: Option<Lost>,
     /// The events added up to etcd's state at this revision.
     pub(crate) synced: Option<i64>,
 }
@@ -100,19 +108,25 @@ impl LeaseView {
             match ev {
                 LeaseEvent::Added(l) | LeaseEvent::Changed { new: l, .. } => {
                     if self.is_own_key(&l.key) && !self.is_ours(&l) {
-                        out.lost = Some(format!(
-                            "our key {} now belongs to {} (node {:?}, lease {:x})",
-                            l.key,
-                            l.attrs.node_addr(),
-                            l.attrs.node_id,
-                            l.lease_id
-                        ));
+                        out.lost = Some(Lost {
+                            why: format!(
+                                "our key {} now belongs to {} (node {:?}, lease {:x})",
+                                l.key,
+                                l.attrs.node_addr(),
+                                l.attrs.node_id,
+                                l.lease_id
+                            ),
+                            to: l.attrs.node_id.clone(),
+                        });
                     }
                     self.leases.insert(l.key.clone(), l);
                 }
                 LeaseEvent::Removed(l) => {
                     if self.is_own_key(&l.key) {
-                        out.lost = Some(format!("our key {} was deleted", l.key));
+                        out.lost = Some(Lost {
+                            why: format!("our key {} was deleted", l.key),
+                            to: None,
+                        });
                     }
                     self.leases.remove(&l.key);
                 }
@@ -308,6 +322,7 @@ mod tests {
             create_revision: l.create_revision,
             mod_revision: l.mod_revision,
             attrs: l.attrs.clone(),
+            taken_from: None,
         }
     }
 

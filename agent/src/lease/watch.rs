@@ -111,8 +111,7 @@ impl LeaseCache {
         let subnet = parse_key(suffix).map_err(|e| e.to_string())?;
         if kv.value.len() > super::etcd::MAX_VALUE_BYTES {
             return Err(format!(
-                "a value of {} bytes (a lease is a few hundred; at most {} are read)",
-                kv.value.len(),
+                "a value of more than {} bytes (a lease is a few hundred)",
                 super::etcd::MAX_VALUE_BYTES
             ));
         }
@@ -137,7 +136,10 @@ impl LeaseCache {
             return None;
         }
         self.seen.insert(kv.key.clone(), kv.mod_revision);
-        let new = self.parse(kv)?;
+        let Some(new) = self.parse(kv) else {
+            // A lease rewritten as junk is no lease any more: its peer goes.
+            return self.leases.remove(&kv.key).map(LeaseEvent::Removed);
+        };
         match self.leases.insert(kv.key.clone(), new.clone()) {
             None => Some(LeaseEvent::Added(new)),
             Some(old) if old == new => None,
@@ -442,6 +444,14 @@ mod tests {
             c.put(&kv("10.5.1.0-24", "198.18.0.1", 7)),
             Some(LeaseEvent::Added(_))
         ));
+        // Rewritten as junk: the lease is gone (its peer must not stay).
+        let mut junk = kv("10.5.1.0-24", "198.18.0.1", 8);
+        junk.value = b"{not json".to_vec();
+        assert!(
+            matches!(c.put(&junk), Some(LeaseEvent::Removed(l)) if l.attrs.public_ip.to_string() == "198.18.0.1")
+        );
+        assert!(c.is_empty());
+        assert_eq!(m.malformed_leases(), 3);
     }
 
     #[test]
