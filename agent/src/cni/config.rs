@@ -9,8 +9,17 @@
 //!
 //! All fields but `cniVersion`, `name` and `type` are optional; a chained
 //! invocation also carries `prevResult`.
+//!
+//! The config is not trusted more than the runtime's environment: whoever
+//! can write a network attachment (a Multus NetworkAttachmentDefinition is
+//! namespaced) must not get root on the node through it. So `delegate` may
+//! set only the bridge plugin's own behaviour ([`DELEGATE_KEYS`]: never the
+//! plugin to run, the bridge, the IPAM or any path); `bridge` is an
+//! interface name, and one that exists must be a bridge (never the
+//! uplink); and every path is absolute and under the roots that belong to
+//! it ([`Roots`]).
 
-use std::path::PathBuf;
+use std::path::{Component, PathBuf};
 
 use serde_json::{Map, Value, json};
 
@@ -31,8 +40,112 @@ pub(crate) struct NetConf {
     pub(crate) prev_result: Option<Value>,
 }
 
+/// What `delegate` may set: the bridge plugin's settings of its own
+/// behaviour (flannel's DaemonSet sets `hairpinMode` and
+/// `isDefaultGateway`).
+pub(crate) const DELEGATE_KEYS: [&str; 13] = [
+    "hairpinMode",
+    "isGateway",
+    "isDefaultGateway",
+    "forceAddress",
+    "ipMasq",
+    "mtu",
+    "promiscMode",
+    "vlan",
+    "preserveDefaultVlan",
+    "macspoofchk",
+    "enabledad",
+    "disableContainerInterface",
+    "portIsolation",
+];
+
+/// The directories each path of the config must lie under. The defaults
+/// are where Weft and flannel keep them; `WEFT_CNI_ROOTS` (colon-separated,
+/// from the runtime's environment, which a network config cannot set)
+/// adds roots for all three.
+pub(crate) struct Roots {
+    state: Vec<PathBuf>,
+    subnet_file: Vec<PathBuf>,
+    data: Vec<PathBuf>,
+}
+
+impl Roots {
+    pub(crate) fn from_env() -> Self {
+        let extra: Vec<PathBuf> = std::env::var_os("WEFT_CNI_ROOTS")
+            .map(|v| {
+                std::env::split_paths(&v)
+                    .filter(|p| p.is_absolute())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let with = |defaults: &[&str]| -> Vec<PathBuf> {
+            defaults
+                .iter()
+                .map(PathBuf::from)
+                .chain(extra.iter().cloned())
+                .collect()
+        };
+        Self {
+            state: with(&["/run/weft", "/var/run/weft"]),
+            subnet_file: with(&["/run/flannel", "/var/run/flannel", "/run/weft"]),
+            data: with(&["/var/lib/cni"]),
+        }
+    }
+}
+
+/// `path` (the config's `field`) if it is absolute, has no `..` and lies
+/// under one of `roots`; the CNI error (code 7) otherwise.
+fn under(field: &str, path: PathBuf, roots: &[PathBuf]) -> Result<PathBuf, CniError> {
+    let plain = path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if plain && roots.iter().any(|r| path.starts_with(r)) {
+        return Ok(path);
+    }
+    Err(CniError::new(
+        Code::InvalidConfig,
+        format!(
+            "{field} {} must be an absolute path (without ..) under {}",
+            path.display(),
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    ))
+}
+
+/// Whether `name` can be a network interface's name.
+fn is_ifname(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() < 16
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':')
+}
+
+/// A CNI plugin's name (`type`), as libcni accepts it: a file name, never
+/// a path (CVE-2021-20206).
+pub(crate) fn check_plugin_name(name: &str) -> Result<(), CniError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\']) {
+        return Err(CniError::new(
+            Code::InvalidConfig,
+            format!("plugin type {name:?} is not a plugin name (no path, no separator)"),
+        ));
+    }
+    Ok(())
+}
+
 impl NetConf {
     pub(crate) fn parse(stdin: &[u8]) -> Result<Self, CniError> {
+        Self::parse_with(stdin, &Roots::from_env())
+    }
+
+    pub(crate) fn parse_with(stdin: &[u8], roots: &Roots) -> Result<Self, CniError> {
         let v: Value = serde_json::from_slice(stdin).map_err(|e| {
             CniError::new(Code::Decode, "the network config on stdin is not JSON")
                 .with_details(e.to_string())
@@ -52,17 +165,51 @@ impl NetConf {
                 ));
             }
         };
+        if let Some(k) = delegate
+            .keys()
+            .find(|k| !DELEGATE_KEYS.contains(&k.as_str()))
+        {
+            return Err(CniError::new(
+                Code::InvalidConfig,
+                format!(
+                    "delegate may not set {k:?}: it sets only the bridge plugin's {}",
+                    DELEGATE_KEYS.join(", ")
+                ),
+            ));
+        }
+        let bridge = field("bridge").unwrap_or_else(|| "cni0".into());
+        if !is_ifname(&bridge) {
+            return Err(CniError::new(
+                Code::InvalidConfig,
+                format!("bridge {bridge:?} is not an interface name"),
+            ));
+        }
+        if let Ok(driver) = crate::dataplane::driver(&bridge)
+            && driver != "bridge"
+        {
+            return Err(CniError::new(
+                Code::InvalidConfig,
+                format!("bridge {bridge:?} exists and is not a bridge (its driver is {driver})"),
+            ));
+        }
+        let path = |k: &str, default: Option<&str>, roots: &[PathBuf]| {
+            field(k)
+                .or_else(|| default.map(str::to_string))
+                .map(|p| under(k, PathBuf::from(p), roots))
+                .transpose()
+        };
         Ok(Self {
             cni_version,
             name,
-            subnet_file: field("subnetFile")
-                .unwrap_or_else(|| "/run/flannel/subnet.env".into())
-                .into(),
-            state_dir: field("stateDir")
-                .unwrap_or_else(|| "/run/weft".into())
-                .into(),
-            bridge: field("bridge").unwrap_or_else(|| "cni0".into()),
-            data_dir: field("dataDir"),
+            subnet_file: path(
+                "subnetFile",
+                Some("/run/flannel/subnet.env"),
+                &roots.subnet_file,
+            )?
+            .expect("a default"),
+            state_dir: path("stateDir", Some("/run/weft"), &roots.state)?.expect("a default"),
+            bridge,
+            data_dir: path("dataDir", None, &roots.data)?.map(|p| p.display().to_string()),
             delegate,
             prev_result: v.get("prevResult").filter(|p| !p.is_null()).cloned(),
         })
@@ -125,5 +272,89 @@ impl NetConf {
             d[k] = v.clone();
         }
         Ok(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn roots() -> Roots {
+        Roots {
+            state: vec!["/run/weft".into()],
+            subnet_file: vec!["/run/flannel".into()],
+            data: vec!["/var/lib/cni".into()],
+        }
+    }
+
+    fn parse(extra: &str) -> Result<NetConf, CniError> {
+        let conf = format!(r#"{{"cniVersion":"1.0.0","name":"cbr0","type":"weft"{extra}}}"#);
+        NetConf::parse_with(conf.as_bytes(), &roots())
+    }
+
+    fn code(r: Result<NetConf, CniError>) -> String {
+        match r {
+            Ok(_) => "accepted".into(),
+            Err(e) => {
+                let v: Value = serde_json::from_str(&e.to_json("1.0.0")).unwrap();
+                format!("{} {}", v["code"], v["msg"])
+            }
+        }
+    }
+
+    #[test]
+    fn delegate_sets_only_the_bridges_behaviour() {
+        assert!(parse(r#","delegate":{"hairpinMode":true,"isDefaultGateway":true}"#).is_ok());
+        for bad in [
+            r#","delegate":{"type":"/tmp/x"}"#,
+            r#","delegate":{"type":"../x"}"#,
+            r#","delegate":{"bridge":"eth0"}"#,
+            r#","delegate":{"ipam":{"type":"host-local","dataDir":"/etc"}}"#,
+            r#","delegate":{"name":"other"}"#,
+        ] {
+            let c = code(parse(bad));
+            assert!(c.starts_with("7 "), "{bad}: {c}");
+        }
+    }
+
+    #[test]
+    fn paths_lie_under_their_roots() {
+        let ok = parse(
+            r#","stateDir":"/run/weft/x","subnetFile":"/run/flannel/subnet.env","dataDir":"/var/lib/cni/networks""#,
+        )
+        .unwrap();
+        assert_eq!(ok.state_dir, Path::new("/run/weft/x"));
+        for bad in [
+            r#","stateDir":"/tmp/weft""#,
+            r#","stateDir":"run/weft""#,
+            r#","stateDir":"/run/weft/../../etc""#,
+            r#","subnetFile":"/etc/shadow""#,
+            r#","dataDir":"/var/lib/cni/../../../etc""#,
+            r#","dataDir":"/""#,
+        ] {
+            let c = code(parse(bad));
+            assert!(c.starts_with("7 "), "{bad}: {c}");
+        }
+    }
+
+    #[test]
+    fn the_bridge_is_an_interface_name() {
+        for bad in [
+            r#","bridge":"../eth0""#,
+            r#","bridge":"a/b""#,
+            r#","bridge":"""#,
+        ] {
+            let c = code(parse(bad));
+            assert!(c.starts_with("7 "), "{bad}: {c}");
+        }
+    }
+
+    #[test]
+    fn plugin_names_are_names() {
+        assert!(check_plugin_name("bridge").is_ok());
+        for bad in ["/tmp/x", "../x", "a/b", "..", ".", "", "a\\b"] {
+            assert!(check_plugin_name(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -25,6 +25,7 @@ pub(crate) fn exec(
     let ty = conf["type"]
         .as_str()
         .ok_or_else(|| CniError::new(Code::InvalidConfig, "the delegate has no type"))?;
+    super::config::check_plugin_name(ty)?;
     let bin = env
         .path
         .iter()

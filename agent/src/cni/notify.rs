@@ -50,9 +50,23 @@ impl Listener {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
             use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let mut failures = 0u32;
             loop {
-                let Ok((mut s, _)) = listener.accept().await else {
-                    continue;
+                let mut s = match listener.accept().await {
+                    Ok((s, _)) => {
+                        failures = 0;
+                        s
+                    }
+                    Err(e) => {
+                        // Out of file descriptors: pause, not spin.
+                        if failures == 0 {
+                            tracing::warn!(error = %e, "cannot accept the CNI plugin's notifications; retrying");
+                        }
+                        let wait = crate::http::ACCEPT_RETRY.delay(failures);
+                        failures += 1;
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
                 };
                 let tx = tx.clone();
                 tokio::spawn(async move {
