@@ -95,6 +95,18 @@ pub(crate) enum Command {
         #[command(flatten)]
         dirs: CniDirs,
     },
+    /// What the DaemonSet's privileged init container does, so the agent
+    /// needs no privilege: mount a bpf filesystem at --bpffs-root unless one
+    /// is there, and install the agent's seccomp profile into
+    /// --seccomp-dir (the kubelet's), if given.
+    NodeInit {
+        /// Where the host's bpf filesystem is (its pins outlive the pod).
+        #[arg(long, default_value = "/sys/fs/bpf")]
+        bpffs_root: PathBuf,
+        /// The kubelet's seccomp profile directory, as mounted here.
+        #[arg(long)]
+        seccomp_dir: Option<PathBuf>,
+    },
 }
 
 /// Where a node's agent keeps its state, and its etcd: what the commands
@@ -297,6 +309,14 @@ pub(crate) struct AgentArgs {
     /// 0 disables it.
     #[arg(long, env = "FLANNELD_HEALTHZ_PORT", default_value_t = 0)]
     pub healthz_port: u16,
+    /// Address of a listener of its own for /metrics (for Prometheus), so
+    /// the health server can stay on loopback.
+    #[arg(long, env = "WEFT_METRICS_IP", default_value = "0.0.0.0")]
+    pub metrics_ip: std::net::IpAddr,
+    /// Port of the /metrics listener; 0 (the default): none, /metrics is on
+    /// the health server.
+    #[arg(long, env = "WEFT_METRICS_PORT", default_value_t = 0)]
+    pub metrics_port: u16,
     /// Seconds between retries when no subnet is free or the config is unusable.
     #[arg(long, env = "WEFT_RETRY_INTERVAL", default_value_t = 10)]
     pub retry_interval: u64,

@@ -103,6 +103,10 @@ pub fn main() -> ExitCode {
             Command::UninstallCni { dirs } => {
                 commands::uninstall_cni(&dirs.bin_dir, &dirs.conf_dir, &dirs.conf_name)
             }
+            Command::NodeInit {
+                bpffs_root,
+                seccomp_dir,
+            } => commands::node_init(&bpffs_root, seccomp_dir.as_deref()),
         }
     });
     match result {

@@ -218,21 +218,28 @@ pub(crate) fn apply(spec: &NetfilterSpec) -> Result<()> {
                 nftables::remove_table(family, TABLE)?;
             }
         }
-        match nets {
+        // iptables' chain belongs to another tool, which may be writing it
+        // right now: a failure here is reported and left to the next check
+        // (every 2 s), never fatal.
+        let r = match nets {
             Some(n) if spec.forward_rules => {
-                if nftables::has_chain(family, IPTABLES_TABLE, IPTABLES_FORWARD)? {
-                    nftables::replace_rules_in(
-                        family,
-                        IPTABLES_TABLE,
-                        IPTABLES_FORWARD,
-                        FORWARD_COMMENT,
-                        &NetfilterSpec::forward_rules_list(n.network),
-                    )?;
-                }
+                nftables::has_chain(family, IPTABLES_TABLE, IPTABLES_FORWARD).and_then(|has| {
+                    if has {
+                        nftables::replace_rules_in(
+                            family,
+                            IPTABLES_TABLE,
+                            IPTABLES_FORWARD,
+                            FORWARD_COMMENT,
+                            &NetfilterSpec::forward_rules_list(n.network),
+                        )?;
+                    }
+                    Ok(())
+                })
             }
-            _ => {
-                remove_forward_rules(family)?;
-            }
+            _ => remove_forward_rules(family).map(drop),
+        };
+        if let Err(e) = r {
+            tracing::warn!(family = family.name(), error = %format!("{e:#}"), "cannot write Weft's rules in iptables' FORWARD chain yet; the next check tries again");
         }
     }
     Ok(())

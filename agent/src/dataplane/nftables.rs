@@ -26,6 +26,12 @@ const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFT_MSG_GETGEN: u16 = 16;
+/// `NFNL_BATCH_GENID`: the batch applies only at this ruleset generation.
+const NFNL_BATCH_GENID: u16 = 1;
+/// The kernel's answer to a batch whose generation is no longer current.
+const ERESTART: i32 = 85;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 
@@ -252,17 +258,27 @@ struct Batch {
 
 impl Batch {
     fn new() -> Self {
+        Self::at(None)
+    }
+
+    /// A batch that the kernel applies only if the ruleset is still at
+    /// generation `genid` (what the batch was computed from).
+    fn at(genid: Option<u32>) -> Self {
         let mut b = Self {
             buf: Vec::new(),
             seq: 0,
             acks: 0,
         };
+        let attrs: Vec<Attr> = genid
+            .map(|g| Attr::U32(NFNL_BATCH_GENID, g))
+            .into_iter()
+            .collect();
         b.raw(
             NFNL_MSG_BATCH_BEGIN,
             NLM_F_REQUEST,
             0,
             NFNL_SUBSYS_NFTABLES,
-            &[],
+            &attrs,
         );
         b
     }
@@ -397,9 +413,33 @@ pub(crate) fn has_chain(family: Family, table: &str, chain: &str) -> Result<bool
     }
 }
 
+/// The ruleset's generation (it changes with every committed batch, ours
+/// or another tool's).
+fn generation() -> Result<u32> {
+    let msgs = query(Family::Ip, NFT_MSG_GETGEN, NLM_F_REQUEST, &[])?;
+    msgs.iter()
+        .filter(|m| m.len() >= 20 && u16::from_ne_bytes([m[4], m[5]]) & 0xff == NFT_MSG_NEWGEN)
+        .flat_map(|m| parse_attrs(&m[20..]))
+        .find(|(t, v)| *t == 1 && v.len() == 4) // NFTA_GEN_ID
+        .map(|(_, v)| u32::from_be_bytes(v.try_into().expect("4 bytes")))
+        .context("the kernel gave no ruleset generation")
+}
+
+/// Whether a batch failed because the ruleset changed under it.
+fn is_restart(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .is_some_and(|n| n == ERESTART || n == libc::EAGAIN || n == libc::EBUSY)
+    })
+}
+
 /// In the chain `table`/`chain` owned by someone else, replaces the rules
 /// whose comment is `comment` with `rules`, appended at the end, in one
-/// batch. Returns how many old rules were removed.
+/// batch. Returns how many old rules were removed. The rules are found
+/// (by handle) and replaced at one ruleset generation: if another tool
+/// (iptables-nft) commits in between, the kernel refuses the batch and it
+/// is computed again, a few times.
 pub(crate) fn replace_rules_in(
     family: Family,
     table: &str,
@@ -407,37 +447,51 @@ pub(crate) fn replace_rules_in(
     comment: &str,
     rules: &[Rule],
 ) -> Result<usize> {
-    let handles = handles_with_comment(family, table, chain, comment)?;
-    let mut b = Batch::new();
-    for h in &handles {
-        b.msg(
-            family,
-            NFT_MSG_DELRULE,
-            0,
-            &[
-                Attr::Str(1, table.into()),
-                Attr::Str(2, chain.into()),
-                Attr::Bytes(3, h.to_be_bytes().to_vec()), // NFTA_RULE_HANDLE
-            ],
-        );
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let genid = generation().ok();
+        let handles = handles_with_comment(family, table, chain, comment)?;
+        let mut b = Batch::at(genid);
+        for h in &handles {
+            b.msg(
+                family,
+                NFT_MSG_DELRULE,
+                0,
+                &[
+                    Attr::Str(1, table.into()),
+                    Attr::Str(2, chain.into()),
+                    Attr::Bytes(3, h.to_be_bytes().to_vec()), // NFTA_RULE_HANDLE
+                ],
+            );
+        }
+        // Appended: rules the chain's owner put before them keep deciding
+        // first (an explicit drop stays a drop); only the policy comes after.
+        for r in rules {
+            b.msg(
+                family,
+                NFT_MSG_NEWRULE,
+                NLM_F_CREATE | NLM_F_APPEND,
+                &r.attrs(table, chain),
+            );
+        }
+        match b.commit() {
+            Ok(()) => return Ok(handles.len()),
+            // A rule vanished or the ruleset moved meanwhile: again.
+            Err(e) if attempt < 5 && (is_restart(&e) || is_enoent(&e)) => {
+                tracing::debug!(error = %format!("{e:#}"), attempt, "the ruleset changed under Weft's FORWARD rules; computing them again");
+                std::thread::sleep(std::time::Duration::from_millis(10 * attempt));
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "replacing Weft's rules in chain {chain} of table {} {table}",
+                        family.name()
+                    )
+                });
+            }
+        }
     }
-    // Appended: rules the chain's owner put before them keep deciding
-    // first (an explicit drop stays a drop); only the policy comes after.
-    for r in rules {
-        b.msg(
-            family,
-            NFT_MSG_NEWRULE,
-            NLM_F_CREATE | NLM_F_APPEND,
-            &r.attrs(table, chain),
-        );
-    }
-    b.commit().with_context(|| {
-        format!(
-            "replacing Weft's rules in chain {chain} of table {} {table}",
-            family.name()
-        )
-    })?;
-    Ok(handles.len())
 }
 
 /// Handles of the rules of `table`/`chain` whose comment is `comment`.
