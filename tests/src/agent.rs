@@ -46,6 +46,8 @@ pub struct Agent {
     netns: Option<String>,
     /// Extra environment for the agent's process.
     env: Vec<(String, String)>,
+    /// A cgroup (its directory) the process starts in.
+    cgroup: Option<PathBuf>,
 }
 
 impl Agent {
@@ -125,6 +127,32 @@ impl Agent {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            cgroup: None,
+        };
+        a.spawn()?;
+        Ok(a)
+    }
+
+    /// Like [`Agent::start`], with the process started inside the cgroup
+    /// `cgroup` (a directory of the cgroup file system, see
+    /// [`crate::cgroup::MemCgroup`]), so its memory limit holds from the
+    /// first allocation.
+    pub fn start_in_cgroup(
+        name: &str,
+        ns: Option<&Netns>,
+        args: &[String],
+        cgroup: &Path,
+    ) -> Result<Self> {
+        let dir = std::env::temp_dir().join(crate::unique(&format!("weft-agent-{name}-")));
+        std::fs::create_dir_all(&dir)?;
+        let mut a = Self {
+            child: None,
+            name: name.to_string(),
+            dir,
+            args: args.to_vec(),
+            netns: ns.map(|n| n.name().to_string()),
+            env: Vec::new(),
+            cgroup: Some(cgroup.to_path_buf()),
         };
         a.spawn()?;
         Ok(a)
@@ -149,6 +177,28 @@ impl Agent {
         }
         if !self.args.iter().any(|a| a == "--state-dir") {
             cmd.arg("--state-dir").arg(self.state_dir());
+        }
+        if let Some(cg) = &self.cgroup {
+            let procs =
+                std::ffi::CString::new(cg.join("cgroup.procs").as_os_str().as_encoded_bytes())?;
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: between fork and exec only async-signal-safe calls
+            // (open, write, close) on memory prepared before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // "0": the writing process itself.
+                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                    if n != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("WEFT_LOG", "info,weft=debug")

@@ -101,6 +101,15 @@ pub fn flannel_like_dual(
     c
 }
 
+/// The CNI error a failed plugin printed (its JSON), from an error of
+/// [`ConfList::exec`].
+pub fn cni_error(e: &anyhow::Error) -> Option<Value> {
+    let text = e.to_string();
+    let start = text.find('{')?;
+    let end = text.rfind('}')?;
+    serde_json::from_str(&text[start..=end]).ok()
+}
+
 /// Attaches pods to a bridge named `bridge` instead of `cni0` (its first
 /// plugin's `bridge`).
 pub fn rename_bridge(list: &mut ConfList, bridge: &str) {
@@ -199,6 +208,10 @@ impl ConfList {
             .env("CNI_NETNS", &netns)
             .env("CNI_IFNAME", ifname)
             .env("CNI_PATH", self.cni_path())
+            // The runtime's own environment: the tests keep agents' state
+            // under the temp directory, which Weft's plugin accepts only
+            // when told (a network config cannot tell it).
+            .env("WEFT_CNI_ROOTS", std::env::temp_dir())
             .env(
                 "CNI_ARGS",
                 if args.is_empty() {

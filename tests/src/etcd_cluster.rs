@@ -59,6 +59,8 @@ impl Pki {
             &format!("subjectAltName={}", sans.join(",")),
         )?;
         p.sign("client", "ca", "extendedKeyUsage=clientAuth")?;
+        // A renewed client certificate (a rotation).
+        p.sign("client2", "ca", "extendedKeyUsage=clientAuth")?;
         p.sign("rogue", "other-ca", "extendedKeyUsage=clientAuth")?;
         Ok(p)
     }

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod cgroup;
 pub mod cluster;
 pub mod cni;
 pub mod counters;

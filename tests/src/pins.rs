@@ -21,6 +21,18 @@ impl TestPins {
         t
     }
 
+    /// A fresh directory with no bpffs yet, made a shared mount point (a
+    /// bind of itself), as a node's /sys/fs/bpf is: a bpffs that a
+    /// container mounts there with Bidirectional (rshared) propagation
+    /// appears on the host.
+    pub fn shared_unmounted() -> Self {
+        let t = Self::unmounted();
+        let d = t.dir.to_str().unwrap();
+        crate::proc::run("mount", &["--bind", d, d]).expect("bind-mounting the pin directory");
+        crate::proc::run("mount", &["--make-shared", d]).expect("making it shared");
+        t
+    }
+
     /// A fresh, empty directory (no bpffs): for checking that the agent
     /// mounts one itself.
     pub fn unmounted() -> Self {
@@ -53,8 +65,11 @@ impl Default for TestPins {
 
 impl Drop for TestPins {
     fn drop(&mut self) {
-        // Unmounting drops every pin in it: links detach, maps go away.
-        crate::proc::run_quiet("umount", &[self.dir.to_str().unwrap_or_default()]);
+        // Unmounting drops every pin in it: links detach, maps go away
+        // (twice: a shared bind may be under the bpffs).
+        for _ in 0..2 {
+            crate::proc::run_quiet("umount", &[self.dir.to_str().unwrap_or_default()]);
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_dir_all(self.state_dir());
     }

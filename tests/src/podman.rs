@@ -40,11 +40,15 @@ cgroup_manager = "cgroupfs"
 events_logger = "file"
 events_logfile_path = "{events}"
 tmp_dir = "{tmp}"
+conmon_env_vars = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "WEFT_CNI_ROOTS={roots}"]
 "#,
                 plugins = plugins.join(", "),
                 net = dir.join("net.d").display(),
                 events = dir.join("events.log").display(),
                 tmp = dir.join("libpod-tmp").display(),
+                // conmon runs the cleanup (CNI DEL) of a container that
+                // stopped with this environment only.
+                roots = std::env::temp_dir().display(),
             ),
         )
         .expect("containers.conf");
@@ -72,6 +76,9 @@ tmp_dir = "{tmp}"
             .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
             .env("CONTAINERS_STORAGE_CONF", self.dir.join("storage.conf"))
             .env("XDG_RUNTIME_DIR", self.dir.join("xdg"))
+            // Passed on to the CNI plugins, as a runtime's environment is:
+            // the tests keep agents' state under the temp directory.
+            .env("WEFT_CNI_ROOTS", std::env::temp_dir())
             .output()
             .expect("running podman");
         println!(

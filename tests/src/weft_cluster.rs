@@ -91,12 +91,39 @@ impl WeftCluster {
 
     /// Starts an agent on `node` with `pins`, without waiting for anything.
     pub fn start_agent(&self, node: Node, pins: TestPins, extra: &[&str]) -> Result<Started> {
+        let args = self.agent_args(&node, &pins, extra);
+        let agent = Agent::start(&format!("node{}", node.index), Some(&node.ns), &args)?;
+        Ok(Started { node, agent, pins })
+    }
+
+    /// Like [`WeftCluster::start_agent`], the agent started inside
+    /// `cgroup` (a memory limit, say).
+    pub fn start_agent_in_cgroup(
+        &self,
+        node: Node,
+        pins: TestPins,
+        extra: &[&str],
+        cgroup: &std::path::Path,
+    ) -> Result<Started> {
+        let args = self.agent_args(&node, &pins, extra);
+        let agent = Agent::start_in_cgroup(
+            &format!("node{}", node.index),
+            Some(&node.ns),
+            &args,
+            cgroup,
+        )?;
+        Ok(Started { node, agent, pins })
+    }
+
+    /// The command line of node `node`'s agent.
+    pub fn agent_args(&self, node: &Node, pins: &TestPins, extra: &[&str]) -> Vec<String> {
         let i = node.index;
         let mut args: Vec<String> = self.etcd_args.clone();
+        if !extra.contains(&"--node-id") {
+            args.extend(["--node-id".to_string(), format!("node-{i}")]);
+        }
         args.extend(
             [
-                "--node-id",
-                &format!("node-{i}"),
                 "--bpffs-dir",
                 pins.path().to_str().unwrap(),
                 "--healthz-port",
@@ -117,8 +144,7 @@ impl WeftCluster {
             ]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let agent = Agent::start(&format!("node{i}"), Some(&node.ns), &args)?;
-        Ok(Started { node, agent, pins })
+        args
     }
 
     /// Waits for a started agent's subnet and adds its node to the cluster.

@@ -211,6 +211,87 @@ fn mutual_tls_with_auth_and_the_node_role() {
     drop(ec);
 }
 
+/// A Kubernetes Secret volume's update: the files are links through
+/// `..data`, which the kubelet swaps to a new directory. The agent notices
+/// the new contents by itself (no SIGHUP) and connects with them: a rogue
+/// certificate swapped in is tried and refused (the current connection
+/// stays), a renewed one swapped in after it is used.
+#[test]
+fn a_secret_volumes_swapped_files_are_used_without_a_signal() {
+    let c = WeftCluster::new(0, &[]).unwrap();
+    let pki = Pki::new(1).unwrap();
+    let ec = EtcdCluster::start(
+        &c.underlay,
+        1,
+        Options {
+            pki: Some(&pki),
+            auth_token_ttl: None,
+        },
+    )
+    .unwrap();
+    ec.etcdctl(&["put", &format!("{PREFIX}/config"), CONFIG])
+        .unwrap();
+    // The volume as the kubelet lays it out.
+    let vol = pki.path("secret-volume");
+    let version = |name: &str, cert: &str| {
+        let d = vol.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::copy(pki.path("ca.pem"), d.join("ca.crt")).unwrap();
+        std::fs::copy(pki.path(&format!("{cert}.pem")), d.join("tls.crt")).unwrap();
+        std::fs::copy(pki.path(&format!("{cert}.key")), d.join("tls.key")).unwrap();
+    };
+    let point = |name: &str| {
+        let tmp = vol.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(name, &tmp).unwrap();
+        std::fs::rename(&tmp, vol.join("..data")).unwrap();
+    };
+    version("..2026_12_01_a", "client");
+    point("..2026_12_01_a");
+    for f in ["ca.crt", "tls.crt", "tls.key"] {
+        std::os::unix::fs::symlink(format!("..data/{f}"), vol.join(f)).unwrap();
+    }
+    let flags: Vec<String> = [
+        "--etcd-endpoints",
+        &ec.endpoints(),
+        "--etcd-cafile",
+        &vol.join("ca.crt").display().to_string(),
+        "--etcd-certfile",
+        &vol.join("tls.crt").display().to_string(),
+        "--etcd-keyfile",
+        &vol.join("tls.key").display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let n1 = Node::new(&c.underlay, 1).unwrap();
+    let a = agent(&n1, "node-1", &flags);
+    a.wait_subnet(T).unwrap();
+    // A rogue certificate swapped in: tried, refused, the connection kept.
+    version("..2026_12_01_b", "rogue");
+    point("..2026_12_01_b");
+    a.wait_log(
+        "the etcd TLS files changed but connecting with them failed",
+        T,
+    )
+    .unwrap();
+    // The renewed certificate swapped in: used.
+    version("..2026_12_01_c", "client2");
+    point("..2026_12_01_c");
+    a.wait_log("the etcd TLS files changed: connected again with them", T)
+        .unwrap();
+    assert!(a.running());
+    // And the connection works: a second node's lease reaches this one.
+    let n2 = Node::new(&c.underlay, 2).unwrap();
+    let mut f2 = tls_flags(&pki, &ec.endpoints(), "client", "ca");
+    f2.truncate(8);
+    let b = agent(&n2, "node-2", &f2);
+    b.wait_subnet(T).unwrap();
+    eventually("node 1 sees node 2 over the renewed connection", T, || {
+        (peers(&n1) == 1.0).then_some(())
+    });
+}
+
 /// https:// without `--etcd-cafile`: the system's CAs (`SSL_CERT_FILE`
 /// stands in for the system bundle here).
 #[test]

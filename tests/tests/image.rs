@@ -4,12 +4,16 @@
 //!   oldest and newest Kubernetes versions supported, and `yamllint`; a
 //!   manifest with a wrong field fails both ways.
 //! - The image (`cargo xtask image`, given as WEFT_IMAGE) runs as one node's
-//!   agent under podman with the DaemonSet's security context and mounts:
-//!   the init container's `install-cni` puts the plugin and network config
-//!   on the node, pods attached with them reach pods on the other nodes, the
-//!   etcd endpoint is a host name resolved inside the image, and stopping
-//!   and starting the container (an upgrade) loses no packet of a running
-//!   ping.
+//!   agent under podman with the DaemonSet's security contexts and mounts:
+//!   the privileged init container's `node-init` mounts the host's bpffs
+//!   (propagated to the host) and installs the agent's seccomp profile, the
+//!   unprivileged `install-cni` puts the plugin and network config on the
+//!   node, and the agent runs unprivileged with the DaemonSet's
+//!   capabilities, that seccomp profile, HostToContainer propagation and
+//!   the host's /proc/sys/net; pods attached with what it installed reach
+//!   pods on the other nodes, the etcd endpoint is a host name resolved
+//!   inside the image, and stopping and starting the container (an
+//!   upgrade) loses no packet of a running ping.
 
 use std::{
     net::Ipv4Addr,
@@ -200,8 +204,11 @@ fn the_image_as_a_node_agent() {
         n.node.add_pod().unwrap();
     }
     let mut node = Node::new(&c.underlay, 3).unwrap();
-    let pins = TestPins::new();
+    // No bpffs yet: node-init mounts it, as on a fresh node.
+    let pins = TestPins::shared_unmounted();
     let host = HostPaths::new();
+    let seccomp = host.root.join("kubelet-seccomp");
+    std::fs::create_dir_all(&seccomp).unwrap();
     let podman = Podman::new(
         &host.root.join("podman"),
         &node.ns.path(),
@@ -222,7 +229,34 @@ fn the_image_as_a_node_agent() {
     });
     std::fs::write(host.config.join("cni-conf.json"), conflist.to_string()).unwrap();
 
-    // The init container: install-cni, unprivileged, no capabilities.
+    // The first init container: node-init, privileged, the host's bpffs
+    // with Bidirectional propagation (rshared) and the kubelet's seccomp
+    // directory.
+    podman.ok(&[
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "--privileged",
+        "-v",
+        &v(pins.path(), "/sys/fs/bpf", ":rshared"),
+        "-v",
+        &v(&seccomp, "/host/var/lib/kubelet/seccomp", ""),
+        &reference,
+        "node-init",
+        "--bpffs-root",
+        "/sys/fs/bpf",
+        "--seccomp-dir",
+        "/host/var/lib/kubelet/seccomp",
+    ]);
+    assert!(
+        weft::dataplane::is_bpffs(pins.path()).unwrap(),
+        "the host sees the bpffs node-init mounted"
+    );
+    let profile = seccomp.join("weft-agent.json");
+    assert!(profile.exists(), "the seccomp profile is installed");
+
+    // The second: install-cni, unprivileged, no capabilities.
     podman.ok(&[
         "run",
         "--rm",
@@ -250,8 +284,8 @@ fn the_image_as_a_node_agent() {
     let installed = host.cni_conf.join("10-weft.conflist");
     assert!(installed.exists(), "the network config is installed");
 
-    // The agent: privileged, host network, the DaemonSet's mounts, etcd
-    // by host name.
+    // The agent: unprivileged, the DaemonSet's capabilities and seccomp
+    // profile, host network, the DaemonSet's mounts, etcd by host name.
     let etcd_name = "etcd.weft.test";
     let ipam_dir = node.ipam_dir.clone();
     std::fs::create_dir_all(&ipam_dir).unwrap();
@@ -263,7 +297,14 @@ fn the_image_as_a_node_agent() {
             "weft",
             "--network",
             "host",
-            "--privileged",
+            "--cap-drop",
+            "all",
+            "--cap-add",
+            "NET_ADMIN,NET_RAW,BPF,PERFMON,SYS_NICE",
+            "--security-opt",
+            "no-new-privileges",
+            "--security-opt",
+            &format!("seccomp={}", profile.display()),
             "--add-host",
             &format!("{etcd_name}:{ETCD_IP}"),
             "-v",
@@ -273,7 +314,11 @@ fn the_image_as_a_node_agent() {
             "-v",
             &v(&host.machine_id, "/etc/machine-id", ":ro"),
             "-v",
-            &v(pins.path(), "/sys/fs/bpf", ":rshared"),
+            &v(pins.path(), "/sys/fs/bpf", ":rslave"),
+            "-v",
+            "/proc/sys/net:/host/proc/sys/net",
+            "-e",
+            "WEFT_PROC_SYS_NET=/host/proc/sys/net",
             "-v",
             &v(&ipam_dir, "/var/lib/cni/networks", ":ro"),
             "-e",

@@ -222,3 +222,56 @@ fn pods_reach_each_other_when_forward_policy_is_drop() {
         "the chain and its policy are left as they were"
     );
 }
+
+/// Another tool writing iptables' FORWARD chain all the while (as
+/// kube-proxy does): an agent starts, and Weft's rules removed under it
+/// are put back, without a fatal error and without duplicates, because
+/// each replacement applies only at the ruleset generation it was computed
+/// at and is computed again when another writer came in between.
+#[test]
+fn forward_rules_hold_while_another_tool_writes_the_chain() {
+    let mut c = WeftCluster::new(0, &[]).unwrap();
+    let node = Node::new(&c.underlay, 1).unwrap();
+    node.ns
+        .exec("iptables", &["-P", "FORWARD", "DROP"])
+        .unwrap();
+    let _writer = node
+        .ns
+        .spawn(
+            "sh",
+            &[
+                "-c",
+                "while true; do iptables -I FORWARD -s 10.99.0.1 -j ACCEPT; iptables -D FORWARD -s 10.99.0.1 -j ACCEPT; done",
+            ],
+        )
+        .unwrap();
+    c.start_node_on(node, &[]).unwrap();
+    let n = &c.nodes[0];
+    eventually("Weft's forward rules", T, || {
+        (forward_rules(n) == 2).then_some(())
+    });
+    // Removed under it, again and again, while the other tool writes.
+    for _ in 0..5 {
+        let _ = n.node.ns.exec(
+            "iptables",
+            &[
+                "-D",
+                "FORWARD",
+                "-s",
+                "10.244.0.0/16",
+                "-m",
+                "comment",
+                "--comment",
+                "weft: forward pod traffic",
+                "-j",
+                "ACCEPT",
+            ],
+        );
+        eventually("put back", T, || (forward_rules(n) == 2).then_some(()));
+    }
+    assert!(n.agent.running(), "the agent kept running");
+    assert!(
+        n.metric("weft_repairs_total{what=\"forward_rules\"}") >= 5.0,
+        "each removal was repaired"
+    );
+}

@@ -109,24 +109,22 @@ fn a_podman_container_on_a_weft_network() {
     eventually("the container's endpoint is gone", T, || {
         (!endpoints().contains_key(&ip.into())).then_some(())
     });
-    let records: Vec<String> = std::fs::read_dir(c.nodes[0].agent.state_dir().join("endpoints"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(
-        records.len(),
-        c.nodes[0].node.pods.len(),
-        "only the test pods' records: {records:?}"
-    );
-    assert!(
-        !c.nodes[0]
-            .node
-            .ipam_dir
-            .join("cbr0")
-            .join(ip.to_string())
-            .exists(),
-        "host-local released the address"
-    );
+    // The endpoint can go first: the agent drops a pod whose veth is gone
+    // before podman's cleanup has run CNI DEL. The record and the address
+    // follow once DEL has run.
+    let pods = c.nodes[0].node.pods.len();
+    let records = || -> Vec<String> {
+        std::fs::read_dir(c.nodes[0].agent.state_dir().join("endpoints"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let address = c.nodes[0].node.ipam_dir.join("cbr0").join(ip.to_string());
+    eventually("CNI DEL removed the record and released the address", T, || {
+        (records().len() == pods && !address.exists()).then_some(())
+    });
+    assert_eq!(records().len(), pods, "only the test pods' records");
+    assert!(!address.exists(), "host-local released the address");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -99,6 +99,7 @@ async fn measure(args: &[String], endpoints: Vec<String>, what: &str) -> Result<
                 ttl: 600,
                 preferred: None,
                 lease_id: None,
+                not_from: &[],
             };
             let mut rng = rand::rngs::StdRng::from_os_rng();
             barrier.wait().await;
@@ -110,6 +111,7 @@ async fn measure(args: &[String], endpoints: Vec<String>, what: &str) -> Result<
                 rounds += 1;
                 let req = AcquireRequest {
                     lease_id: lease,
+                    not_from: &[],
                     ..req
                 };
                 let (r, stats, l) = acquire(&store, &req, &mut rng).await;
