@@ -121,9 +121,11 @@ fn a_podman_container_on_a_weft_network() {
             .collect()
     };
     let address = c.nodes[0].node.ipam_dir.join("cbr0").join(ip.to_string());
-    eventually("CNI DEL removed the record and released the address", T, || {
-        (records().len() == pods && !address.exists()).then_some(())
-    });
+    eventually(
+        "CNI DEL removed the record and released the address",
+        T,
+        || (records().len() == pods && !address.exists()).then_some(()),
+    );
     assert_eq!(records().len(), pods, "only the test pods' records");
     assert!(!address.exists(), "host-local released the address");
     let _ = std::fs::remove_dir_all(&dir);
