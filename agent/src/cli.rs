@@ -107,6 +107,18 @@ pub(crate) enum Command {
         #[arg(long)]
         seccomp_dir: Option<PathBuf>,
     },
+    /// Run each eBPF program of this binary on golden frames (encapsulation
+    /// to each kind of peer, decapsulation, hostile frames) with maps of its
+    /// own, and check verdicts, counters and every byte; non-zero exit when a
+    /// case fails. Safe on a node carrying traffic: nothing is attached.
+    Selftest {
+        /// A mounted bpf filesystem for the test's private pins.
+        #[arg(long, default_value = "/sys/fs/bpf")]
+        bpffs_root: PathBuf,
+        /// Also list the cases that pass.
+        #[arg(long, short)]
+        verbose: bool,
+    },
 }
 
 /// Where a node's agent keeps its state, and its etcd: what the commands

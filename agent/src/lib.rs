@@ -73,6 +73,9 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The agent's fatal error goes to its log (which may be JSON, collected
+    // with the rest); a command's, once, to the operator's terminal.
+    let in_log = matches!(cli.command, Command::Agent(_));
     let result = rt.block_on(async {
         match cli.command {
             Command::Agent(args) => agent::run(*args).await,
@@ -107,13 +110,20 @@ pub fn main() -> ExitCode {
                 bpffs_root,
                 seccomp_dir,
             } => commands::node_init(&bpffs_root, seccomp_dir.as_deref()),
+            Command::Selftest {
+                bpffs_root,
+                verbose,
+            } => commands::selftest(&bpffs_root, verbose),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("weft: error: {e:#}");
+            if in_log {
+                tracing::error!("{e:#}");
+            } else {
+                eprintln!("weft: error: {e:#}");
+            }
             ExitCode::FAILURE
         }
     }

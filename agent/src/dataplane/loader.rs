@@ -15,9 +15,9 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::maps::{MapData, MapInfo};
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf, EbpfLoader, TestRun as _, TestRunOptions,
     programs::{
-        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode as AyaXdpMode,
+        LinkOrder, Program, SchedClassifier, TcAttachType, Xdp, XdpMode as AyaXdpMode,
         links::{FdLink, LinkError, PinnedLink},
         tc::{SchedClassifierLink, TcAttachOptions},
         xdp::XdpLink,
@@ -210,6 +210,42 @@ impl Loaded {
             return Ok(false);
         }
         Ok(attached_programs(a.hook, &a.iface)?.contains(&id))
+    }
+
+    /// Runs `program` once on `frame` (`BPF_PROG_TEST_RUN`, nothing
+    /// attached): its return value and the frame it left.
+    pub(crate) fn test_run(&mut self, program: &str, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+        let prog = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| anyhow!("the eBPF object has no program {program}"))?;
+        // Room for what encapsulation adds.
+        let mut out = vec![0u8; frame.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        };
+        let r = match prog {
+            Program::Xdp(p) => {
+                if p.fd().is_err() {
+                    p.load()
+                        .with_context(|| format!("loading XDP program {program}"))?;
+                }
+                p.test_run(opts)
+            }
+            Program::SchedClassifier(p) => {
+                if p.fd().is_err() {
+                    p.load()
+                        .with_context(|| format!("loading TC program {program}"))?;
+                }
+                p.test_run(opts)
+            }
+            _ => bail!("{program} is neither an XDP nor a TC program"),
+        }
+        .with_context(|| format!("test run of {program}"))?;
+        out.truncate(r.data_size_out as usize);
+        Ok((r.return_value, out))
     }
 
     /// The pinned maps this load replaced.

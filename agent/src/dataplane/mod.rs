@@ -21,6 +21,7 @@ mod netlink;
 mod nfnetlink;
 mod nftables;
 mod overlay;
+pub mod selftest;
 mod sysctl;
 mod trace;
 
