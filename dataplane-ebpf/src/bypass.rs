@@ -17,9 +17,10 @@ use dataplane_common::{
 };
 
 use crate::{
-    ct::{self, Flow},
+    ct,
     encap::{encapsulate, redirect_direct, redirect_to_uplink, too_big},
     encap6::{set_inner_macs, set_tunnel, too_big6},
+    family::{Family, V4, V6},
     headers::{
         ENCAP_LEN, ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV4_LEN, IPV6_LEN, Ipv4Hdr,
         Ipv6Hdr, csum_replace,
@@ -83,7 +84,7 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
     if too_big(ctx, cfg, len) {
         return Ok(pass);
     }
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, cfg, data, end, &ip) {
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V4>(ctx, cfg, data, end, &ip) {
         return Ok(pass);
     }
     // An skb that cannot be encapsulated (one that already is) is left
@@ -143,7 +144,7 @@ fn from_pod6(
     if too_big6(ctx, cfg, len) {
         return Ok(pass);
     }
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate6(ctx, cfg, data, end, &ip) {
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V6>(ctx, cfg, data, end, &ip) {
         return Ok(pass);
     }
     // The hop through this node, as routing would count it.
@@ -186,7 +187,7 @@ fn direct(
     if gso_size == 0 && len - ETH_LEN as u32 > cfg.uplink_mtu {
         return Ok(pass);
     }
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, cfg, data, end, ip) {
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V4>(ctx, cfg, data, end, ip) {
         return Ok(pass);
     }
     if !dec_ttl(ctx.data(), ctx.data_end(), ETH_LEN) {
@@ -237,7 +238,7 @@ pub(crate) fn deliver(ctx: &TcContext, cfg: &DataplaneConfig) -> Option<i32> {
         }
         // SAFETY: a plain hash lookup; the value is copied out at once.
         let ep = *unsafe { WEFT_ENDPOINTS6.get(ip.daddr) }?;
-        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate6(ctx, cfg, data, end, &ip) {
+        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V6>(ctx, cfg, data, end, &ip) {
             return None;
         }
         if !write(data, end, ETH_LEN + 7, ip.hop_limit - 1) {
@@ -251,7 +252,7 @@ pub(crate) fn deliver(ctx: &TcContext, cfg: &DataplaneConfig) -> Option<i32> {
         }
         // SAFETY: a plain hash lookup; the value is copied out at once.
         let ep = *unsafe { WEFT_ENDPOINTS.get(ip.daddr) }?;
-        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate(ctx, cfg, data, end, &ip) {
+        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V4>(ctx, cfg, data, end, &ip) {
             return None;
         }
         if !dec_ttl(data, end, ETH_LEN) {
@@ -275,55 +276,38 @@ fn into_pod(ctx: &TcContext, data: usize, end: usize, ep: &Endpoint) -> Option<i
     Some(unsafe { bpf_redirect_peer(ep.ifindex, 0) } as i32)
 }
 
-/// The conntrack gate, for an IPv4 packet at `ETH_LEN` (no options: the
-/// ports are right after the header).
+/// The conntrack gate, for an IP packet at `ETH_LEN` whose transport
+/// header follows its fixed header (anything else takes the stack).
 #[inline(always)]
-fn gate(ctx: &TcContext, cfg: &DataplaneConfig, data: usize, end: usize, ip: &Ipv4Hdr) -> bool {
-    if ip.ver_ihl != 0x45 || u16::from_be(ip.frag_off) & 0x3fff != 0 {
+fn gate<F: Family>(
+    ctx: &TcContext,
+    cfg: &DataplaneConfig,
+    data: usize,
+    end: usize,
+    ip: &F::Hdr,
+) -> bool {
+    if !F::plain(ip) {
         return false;
     }
-    let l4 = ETH_LEN + IPV4_LEN;
-    let Some(ports) = read::<[u16; 2]>(data, end, l4) else {
+    let proto = F::proto(ip);
+    let Some((ports, flags)) = transport(data, end, ETH_LEN + F::HDR_LEN, proto) else {
         return false;
     };
-    let flags = if ip.proto == IPPROTO_TCP {
-        // A TCP header out of reach: the stack sees it (it may be a SYN).
-        let Some(f) = read::<u8>(data, end, l4 + 13) else {
-            return false;
-        };
-        f
-    } else {
-        0
-    };
-    let flow = Flow::V4 {
-        saddr: ip.saddr,
-        daddr: ip.daddr,
-    };
-    ct::allows(ctx, cfg, flow, ip.proto, (ports[0], ports[1]), flags)
+    ct::allows(ctx, cfg, F::flow(ip), proto, ports, flags)
 }
 
-/// The conntrack gate for an IPv6 packet at `ETH_LEN`: TCP or UDP right
-/// after the fixed header (anything with extension headers takes the
-/// stack).
+/// The ports of the transport header at `l4` and, for TCP, its flags; None
+/// when they are out of reach (the stack sees such a packet: it may be a
+/// SYN).
 #[inline(always)]
-fn gate6(ctx: &TcContext, cfg: &DataplaneConfig, data: usize, end: usize, ip: &Ipv6Hdr) -> bool {
-    let l4 = ETH_LEN + IPV6_LEN;
-    let Some(ports) = read::<[u16; 2]>(data, end, l4) else {
-        return false;
-    };
-    let flags = if ip.next_header == IPPROTO_TCP {
-        let Some(f) = read::<u8>(data, end, l4 + 13) else {
-            return false;
-        };
-        f
+fn transport(data: usize, end: usize, l4: usize, proto: u8) -> Option<((u16, u16), u8)> {
+    let ports = read::<[u16; 2]>(data, end, l4)?;
+    let flags = if proto == IPPROTO_TCP {
+        read::<u8>(data, end, l4 + 13)?
     } else {
         0
     };
-    let flow = Flow::V6 {
-        saddr: ip.saddr,
-        daddr: ip.daddr,
-    };
-    ct::allows(ctx, cfg, flow, ip.next_header, (ports[0], ports[1]), flags)
+    Some(((ports[0], ports[1]), flags))
 }
 
 /// What the source of a pod's packet is, seen from the veth it came from.

@@ -3,17 +3,15 @@
 //! Shared by the XDP program and its TC fallback: both see the outer
 //! Ethernet frame at `data` and only differ in how they strip the headers.
 
-use aya_ebpf::maps::lpm_trie::Key;
 use dataplane_common::{CONFIG_F_IPV4, CONFIG_F_IPV6, DataplaneConfig, Reason};
 
 use crate::{
+    family::{Family, V4, V6, whose},
     headers::{
-        ENCAP_LEN, ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, INNER_ETH, INNER_ETH6,
-        IPPROTO_UDP, IPV4_LEN, IPV6_LEN, Ipv4Hdr, Ipv6Hdr, UDP_LEN, VXLAN_FLAG_VNI, VxlanHdr,
-        csum_replace,
+        ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, INNER_ETH, INNER_ETH6, IPPROTO_UDP, IPV4_LEN,
+        IPV6_LEN, Ipv4Hdr, Ipv6Hdr, UDP_LEN, VXLAN_FLAG_VNI, VXLAN_LEN, VxlanHdr, csum_replace,
     },
-    maps::{WEFT_PEERS, WEFT_PEERS6, WEFT_VTEPS, WEFT_VTEPS6},
-    packet::{eq16, in_subnet4, in_subnet6, read, write},
+    packet::{eq16, read, write},
     verdict::Dropped,
 };
 
@@ -51,7 +49,6 @@ pub(crate) struct Decap {
     pub(crate) v6: bool,
 }
 
-const ECN_MASK: u8 = 0x03;
 const ECN_NOT_ECT: u8 = 0x00;
 const ECN_CE: u8 = 0x03;
 
@@ -78,11 +75,10 @@ pub(crate) fn classify(
     }
 }
 
-/// [`classify`] for VXLAN over IPv4.
+/// [`classify`] for VXLAN over IPv4: anything that is not UDP to our
+/// address and VXLAN port (no IP options) is not ours.
 #[inline(always)]
 fn classify4(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<Decap>, Dropped> {
-    // The outer headers: anything that is not UDP to our address and VXLAN
-    // port (no IP options) is not ours.
     let Some(ip) = read::<Ipv4Hdr>(data, end, ETH_LEN) else {
         return Ok(None);
     };
@@ -94,10 +90,7 @@ fn classify4(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<De
         // A later fragment: no UDP header to tell whose it is.
         return Ok(None);
     }
-    let Some(dport) = read::<u16>(data, end, ETH_LEN + IPV4_LEN + 2) else {
-        return Ok(None);
-    };
-    if dport != cfg.port.to_be() {
+    if read::<u16>(data, end, ETH_LEN + IPV4_LEN + 2) != Some(cfg.port.to_be()) {
         return Ok(None);
     }
     if frag & 0x2000 != 0 {
@@ -106,58 +99,7 @@ fn classify4(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<De
         // them for. Counted, so a path with a smaller MTU shows.
         return Err(Dropped::at(Reason::DropFragment, ip.saddr, ip.daddr));
     }
-
-    // From here on it is VXLAN addressed to us.
-    let refuse = |r: Reason| Dropped::at(r, ip.saddr, ip.daddr);
-    let vx = read::<VxlanHdr>(data, end, ETH_LEN + IPV4_LEN + UDP_LEN)
-        .ok_or(refuse(Reason::DropMalformed))?;
-    if vx.flags & VXLAN_FLAG_VNI == 0 {
-        return Err(refuse(Reason::DropMalformed));
-    }
-    if u32::from_be(vx.vni_reserved) >> 8 != cfg.vni {
-        return Err(refuse(Reason::DropWrongVni));
-    }
-    let ieth = read::<EthHdr>(data, end, INNER_ETH).ok_or(refuse(Reason::DropMalformed))?;
-    if ieth.proto != ETH_P_IP.to_be() {
-        return Err(refuse(Reason::DropMalformed));
-    }
-    let iip =
-        read::<Ipv4Hdr>(data, end, INNER_ETH + ETH_LEN).ok_or(refuse(Reason::DropMalformed))?;
-    if iip.ver_ihl >> 4 != 4 || iip.ver_ihl & 0x0f < 5 {
-        return Err(refuse(Reason::DropMalformed));
-    }
-
-    // ECN (RFC 6040): a congestion mark on the outer header goes to the
-    // inner packet, unless the inner packet is not ECN-capable.
-    let inner_ecn = iip.tos & ECN_MASK;
-    let set_ce = ip.tos & ECN_MASK == ECN_CE && inner_ecn != ECN_CE;
-    if set_ce && inner_ecn == ECN_NOT_ECT {
-        return Err(Dropped::at(Reason::DropEcn, iip.saddr, iip.daddr));
-    }
-
-    // Anti-spoofing: the inner source must lie in a subnet whose VTEP is the
-    // outer source (one LPM lookup on the happy path), or be that VTEP's
-    // own address (the remote node itself talking to a pod).
-    let outer_src = ip.saddr;
-    let ok = Decap {
-        set_ce,
-        len: ENCAP_LEN as u32,
-        v6: false,
-    };
-    match check_source4(outer_src, iip.saddr) {
-        Ok(()) => {}
-        Err(r) if r == Reason::DropUnknownVtep => return Err(Dropped::at(r, outer_src, ip.daddr)),
-        Err(r) => return Err(Dropped::at(r, iip.saddr, iip.daddr)),
-    }
-    // And it is for this node: a pod here (or the overlay address).
-    if !in_subnet4(iip.daddr, cfg.subnet4_be, cfg.mask4_be) {
-        return Err(Dropped::at(
-            Reason::DropForeignDestination,
-            iip.saddr,
-            iip.daddr,
-        ));
-    }
-    Ok(Some(ok))
+    vxlan::<V4>(data, end, cfg, &ip)
 }
 
 /// [`classify`] for VXLAN over IPv6 (`flannel-v6.<VNI>`'s traffic): IPv6
@@ -172,90 +114,58 @@ fn classify6(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<De
     if ip.version() != 6 || ip.next_header != IPPROTO_UDP || !eq16(&ip.daddr, &cfg.local_addr6) {
         return Ok(None);
     }
-    let Some(dport) = read::<u16>(data, end, ETH_LEN + IPV6_LEN + 2) else {
-        return Ok(None);
-    };
-    if dport != cfg.port.to_be() {
+    if read::<u16>(data, end, ETH_LEN + IPV6_LEN + 2) != Some(cfg.port.to_be()) {
         return Ok(None);
     }
-    let refuse = |r: Reason| Dropped::at6(r, ETH_LEN);
-    let vx = read::<VxlanHdr>(data, end, ETH_LEN + IPV6_LEN + UDP_LEN)
-        .ok_or(refuse(Reason::DropMalformed))?;
+    vxlan::<V6>(data, end, cfg, &ip)
+}
+
+/// The rest of [`classify`], once the outer header `outer` (of family `F`)
+/// says VXLAN to our port: the VXLAN header and VNI, an inner frame of the
+/// same family, ECN, and whose the inner packet is ([`whose`]).
+#[inline(always)]
+fn vxlan<F: Family>(
+    data: usize,
+    end: usize,
+    cfg: &DataplaneConfig,
+    outer: &F::Hdr,
+) -> Result<Option<Decap>, Dropped> {
+    let refuse = |r: Reason| F::dropped(r, outer, ETH_LEN);
+    let at = ETH_LEN + F::HDR_LEN + UDP_LEN;
+    let vx = read::<VxlanHdr>(data, end, at).ok_or(refuse(Reason::DropMalformed))?;
     if vx.flags & VXLAN_FLAG_VNI == 0 {
         return Err(refuse(Reason::DropMalformed));
     }
     if u32::from_be(vx.vni_reserved) >> 8 != cfg.vni {
         return Err(refuse(Reason::DropWrongVni));
     }
-    let ieth = read::<EthHdr>(data, end, INNER_ETH6).ok_or(refuse(Reason::DropMalformed))?;
-    if ieth.proto != ETH_P_IPV6.to_be() {
+    let inner_eth = at + VXLAN_LEN;
+    let ieth = read::<EthHdr>(data, end, inner_eth).ok_or(refuse(Reason::DropMalformed))?;
+    if ieth.proto != F::ETH_P.to_be() {
         return Err(refuse(Reason::DropMalformed));
     }
-    let iip =
-        read::<Ipv6Hdr>(data, end, INNER_ETH6 + ETH_LEN).ok_or(refuse(Reason::DropMalformed))?;
-    if iip.version() != 6 {
+    let inner_at = inner_eth + ETH_LEN;
+    let iip = read::<F::Hdr>(data, end, inner_at).ok_or(refuse(Reason::DropMalformed))?;
+    if !F::well_formed(&iip) {
         return Err(refuse(Reason::DropMalformed));
     }
-    let inner_ecn = iip.ecn();
-    let set_ce = ip.ecn() == ECN_CE && inner_ecn != ECN_CE;
+
+    // ECN (RFC 6040): a congestion mark on the outer header goes to the
+    // inner packet, unless the inner packet is not ECN-capable.
+    let inner_ecn = F::ecn(&iip);
+    let set_ce = F::ecn(outer) == ECN_CE && inner_ecn != ECN_CE;
     if set_ce && inner_ecn == ECN_NOT_ECT {
-        return Err(Dropped::at6(Reason::DropEcn, INNER_ETH6 + ETH_LEN));
+        return Err(F::dropped(Reason::DropEcn, &iip, inner_at));
     }
-    let ok = Decap {
+    whose::<F>(cfg, &F::saddr(outer), &iip).map_err(|r| match r {
+        Reason::DropUnknownVtep => refuse(r),
+        r => F::dropped(r, &iip, inner_at),
+    })?;
+    Ok(Some(Decap {
         set_ce,
-        len: ENCAP6_LEN as u32,
-        v6: true,
-    };
-    match check_source6(&ip.saddr, &iip.saddr) {
-        Ok(()) => {}
-        Err(r) if r == Reason::DropUnknownVtep => return Err(Dropped::at6(r, ETH_LEN)),
-        Err(r) => return Err(Dropped::at6(r, INNER_ETH6 + ETH_LEN)),
-    }
-    if !in_subnet6(&iip.daddr, &cfg.subnet6, &cfg.mask6) {
-        return Err(Dropped::at6(
-            Reason::DropForeignDestination,
-            INNER_ETH6 + ETH_LEN,
-        ));
-    }
-    Ok(Some(ok))
-}
-
-/// Anti-spoofing over IPv6: the inner source must lie in a subnet whose
-/// VTEP is `outer_src`, or be that VTEP's own address.
-#[inline(always)]
-pub(crate) fn check_source6(outer_src: &[u8; 16], inner_src: &[u8; 16]) -> Result<(), Reason> {
-    if let Some(v) = WEFT_PEERS6.get(Key::new(128, *inner_src))
-        && eq16(&v.addr, outer_src)
-    {
-        return Ok(());
-    }
-    // SAFETY: a plain hash lookup; the value is not used.
-    if unsafe { WEFT_VTEPS6.get(outer_src) }.is_none() {
-        return Err(Reason::DropUnknownVtep);
-    }
-    if eq16(inner_src, outer_src) {
-        return Ok(());
-    }
-    Err(Reason::DropSpoofed)
-}
-
-/// Anti-spoofing over IPv4, as [`check_source6`] (addresses in network
-/// order).
-#[inline(always)]
-pub(crate) fn check_source4(outer_src: u32, inner_src: u32) -> Result<(), Reason> {
-    if let Some(v) = WEFT_PEERS.get(Key::new(32, inner_src))
-        && v.addr_be == outer_src
-    {
-        return Ok(());
-    }
-    // SAFETY: a plain hash lookup; the value is not used.
-    if unsafe { WEFT_VTEPS.get(outer_src) }.is_none() {
-        return Err(Reason::DropUnknownVtep);
-    }
-    if inner_src == outer_src {
-        return Ok(());
-    }
-    Err(Reason::DropSpoofed)
+        len: F::ENCAP_LEN as u32,
+        v6: F::V6,
+    }))
 }
 
 /// Marks the decapsulated packet at `ETH_LEN` (IPv6 if `v6`) as having met

@@ -32,10 +32,10 @@ use aya_ebpf::{
 use dataplane_common::{DataplaneConfig, Reason, Vtep6};
 
 use crate::{
-    decap::{check_source4, check_source6},
+    family::{Family as _, V4, V6, whose},
     headers::{ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
     maps::WEFT_PEERS6,
-    packet::{in_subnet4, in_subnet6, linear, read, write},
+    packet::{linear, read, write},
     verdict::{Done, Dropped},
 };
 
@@ -196,23 +196,11 @@ pub(crate) fn tunnel_rx(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i
     let remote = unsafe { key.__bindgen_anon_1.remote_ipv6 };
     if v6 && eth.proto == ETH_P_IPV6.to_be() {
         let ip = read::<Ipv6Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
-        let outer = bytes(&remote);
-        check_source6(&outer, &ip.saddr).map_err(|r| Dropped::at6(r, ETH_LEN))?;
-        if !in_subnet6(&ip.daddr, &cfg.subnet6, &cfg.mask6) {
-            return Err(Dropped::at6(Reason::DropForeignDestination, ETH_LEN));
-        }
+        whose::<V6>(cfg, &bytes(&remote), &ip).map_err(|r| V6::dropped(r, &ip, ETH_LEN))?;
     } else if !v6 && eth.proto == ETH_P_IP.to_be() {
         let ip = read::<Ipv4Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
         // The helper gives IPv4 addresses in host order.
-        let outer = remote[0].to_be();
-        check_source4(outer, ip.saddr).map_err(|r| Dropped::at(r, ip.saddr, ip.daddr))?;
-        if !in_subnet4(ip.daddr, cfg.subnet4_be, cfg.mask4_be) {
-            return Err(Dropped::at(
-                Reason::DropForeignDestination,
-                ip.saddr,
-                ip.daddr,
-            ));
-        }
+        whose::<V4>(cfg, &remote[0].to_be(), &ip).map_err(|r| V4::dropped(r, &ip, ETH_LEN))?;
     } else {
         return Err(Reason::DropMalformed.into());
     }

@@ -12,6 +12,7 @@ mod ct;
 mod decap;
 mod encap;
 mod encap6;
+mod family;
 mod headers;
 mod maps;
 mod packet;
@@ -24,7 +25,7 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use dataplane_common::Reason;
+use dataplane_common::{DataplaneConfig, Reason};
 
 use crate::{
     maps::{config, count},
@@ -34,12 +35,7 @@ use crate::{
 /// Encapsulation: TC egress on the overlay device.
 #[classifier]
 fn weft_encap(ctx: TcContext) -> i32 {
-    let len = ctx.len();
-    let r = match config() {
-        Some(cfg) => encap::encap(&ctx, cfg),
-        None => Err(Dropped::from(Reason::DropError)),
-    };
-    finish(&ctx, r, len, TC_ACT_SHOT)
+    tc(&ctx, Unconfigured::Drop, encap::encap)
 }
 
 /// Encapsulation over IPv6: TC egress on the IPv6 overlay device, which
@@ -55,24 +51,14 @@ fn weft_encap6(ctx: TcContext) -> i32 {
     if encap6::is_multicast(&ctx) {
         return TC_ACT_SHOT;
     }
-    let len = ctx.len();
-    let r = match config() {
-        Some(cfg) => encap6::encap6(&ctx, cfg),
-        None => Err(Dropped::from(Reason::DropError)),
-    };
-    finish(&ctx, r, len, TC_ACT_SHOT)
+    tc(&ctx, Unconfigured::Drop, encap6::encap6)
 }
 
 /// What the kernel decapsulated itself: TC ingress on the IPv6 overlay
 /// device.
 #[classifier]
 fn weft_tunnel_rx(ctx: TcContext) -> i32 {
-    let len = ctx.len();
-    let r = match config() {
-        Some(cfg) => encap6::tunnel_rx(&ctx, cfg),
-        None => Err(Dropped::from(Reason::DropError)),
-    };
-    finish(&ctx, r, len, TC_ACT_SHOT)
+    tc(&ctx, Unconfigured::Drop, encap6::tunnel_rx)
 }
 
 /// Decapsulation: XDP on the uplink.
@@ -99,31 +85,13 @@ fn weft_decap(ctx: XdpContext) -> u32 {
 /// attached (`--xdp-mode off`).
 #[classifier]
 fn weft_decap_tc(ctx: TcContext) -> i32 {
-    let len = ctx.len();
-    let r = match config() {
-        Some(cfg) => strip::tc(&ctx, cfg),
-        None => Ok(Done {
-            action: TC_ACT_OK,
-            reason: Reason::Passed,
-            bytes: len,
-        }),
-    };
-    finish(&ctx, r, len, TC_ACT_SHOT)
+    tc(&ctx, Unconfigured::Pass, strip::tc)
 }
 
 /// Host routing, transmit: TC ingress on the host side of each pod's veth.
 #[classifier]
 fn weft_from_pod(ctx: TcContext) -> i32 {
-    let len = ctx.len();
-    let r = match config() {
-        Some(cfg) => bypass::from_pod(&ctx, cfg),
-        None => Ok(Done {
-            action: TC_ACT_OK,
-            reason: Reason::Passed,
-            bytes: len,
-        }),
-    };
-    finish(&ctx, r, len, TC_ACT_SHOT)
+    tc(&ctx, Unconfigured::Pass, bypass::from_pod)
 }
 
 /// Host routing, receive, after XDP decapsulation: TC ingress on the
@@ -149,6 +117,35 @@ fn weft_deliver(ctx: TcContext) -> i32 {
         }
         None => TC_ACT_OK,
     }
+}
+
+/// What a program does before the agent has written a config.
+#[derive(Clone, Copy)]
+enum Unconfigured {
+    /// Pass the frame on (it is not the programs' yet).
+    Pass,
+    /// Drop it (nothing to encapsulate with).
+    Drop,
+}
+
+/// Runs a TC program's body with the config and counts its outcome once.
+#[inline(always)]
+fn tc(
+    ctx: &TcContext,
+    unconfigured: Unconfigured,
+    body: impl FnOnce(&TcContext, &DataplaneConfig) -> Result<Done<i32>, Dropped>,
+) -> i32 {
+    let len = ctx.len();
+    let r = match (config(), unconfigured) {
+        (Some(cfg), _) => body(ctx, cfg),
+        (None, Unconfigured::Pass) => Ok(Done {
+            action: TC_ACT_OK,
+            reason: Reason::Passed,
+            bytes: len,
+        }),
+        (None, Unconfigured::Drop) => Err(Dropped::from(Reason::DropError)),
+    };
+    finish(ctx, r, len, TC_ACT_SHOT)
 }
 
 /// Counts the outcome of a program body once and returns its action.

@@ -47,11 +47,10 @@ pub(crate) fn linear(ctx: &TcContext, want: usize) -> Result<(usize, usize), Rea
     Ok((ctx.data(), ctx.data_end()))
 }
 
-/// Whether two IPv6 addresses are equal, compared as two words each (no
-/// memcmp in eBPF).
+/// An IPv6 address as two words (no memcmp in eBPF).
 #[inline(always)]
-pub(crate) fn eq16(a: &[u8; 16], b: &[u8; 16]) -> bool {
-    let w = |x: &[u8; 16], i: usize| {
+fn words(x: &[u8; 16]) -> (u64, u64) {
+    let w = |i: usize| {
         u64::from_ne_bytes([
             x[i],
             x[i + 1],
@@ -63,27 +62,21 @@ pub(crate) fn eq16(a: &[u8; 16], b: &[u8; 16]) -> bool {
             x[i + 7],
         ])
     };
-    w(a, 0) == w(b, 0) && w(a, 8) == w(b, 8)
+    (w(0), w(8))
+}
+
+/// Whether two IPv6 addresses are equal.
+#[inline(always)]
+pub(crate) fn eq16(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    words(a) == words(b)
 }
 
 /// Whether the IPv6 address `a` lies in `net`/`mask` (a zero mask: no
 /// subnet, nothing lies in it).
 #[inline(always)]
 pub(crate) fn in_subnet6(a: &[u8; 16], net: &[u8; 16], mask: &[u8; 16]) -> bool {
-    let w = |x: &[u8; 16], i: usize| {
-        u64::from_ne_bytes([
-            x[i],
-            x[i + 1],
-            x[i + 2],
-            x[i + 3],
-            x[i + 4],
-            x[i + 5],
-            x[i + 6],
-            x[i + 7],
-        ])
-    };
-    let (m0, m1) = (w(mask, 0), w(mask, 8));
-    m0 != 0 && w(a, 0) & m0 == w(net, 0) && w(a, 8) & m1 == w(net, 8)
+    let ((a0, a1), (n0, n1), (m0, m1)) = (words(a), words(net), words(mask));
+    m0 != 0 && a0 & m0 == n0 && a1 & m1 == n1
 }
 
 /// Whether the IPv4 address `a` (network order) lies in `net`/`mask`
