@@ -21,7 +21,7 @@ use tokio::{
 use crate::{
     cli::{AgentArgs, DatapathKind},
     cni,
-    dataplane::{Dataplane, DataplaneSpec, Netlink, OwnSubnets, PinDir},
+    dataplane::{Dataplane, DataplaneSpec, Netlink, PinDir},
     dataplane::{HostRouting, PeerUpdate, ProblemKind},
     lease::{
         self, EnvFamily, EtcdStore, HeldLease, Identity, LeaseAttrs, LeaseEvent, LeaseHolder,
@@ -615,7 +615,7 @@ impl Agent {
                 })
                 .collect(),
             decap: self.dataplane.decap().map(|d| report::Decap {
-                hook: d.hook.to_string(),
+                hook: d.hook.as_str().to_string(),
                 why: d.why,
             }),
             masquerade: self.ip_masq,
@@ -649,12 +649,7 @@ impl Agent {
     /// We hold `held`: the dataplane goes up around it, then subnet.env
     /// tells the CNI plugin, then the peers are decided around it.
     async fn took(&mut self, held: &HeldLease) -> Result<()> {
-        self.dataplane
-            .set_subnet(OwnSubnets {
-                v4: held.subnet.v4,
-                v6: held.subnet.v6,
-            })
-            .await?;
+        self.dataplane.set_subnet(held.subnet).await?;
         if let Some(c) = self.dataplane.counters() {
             self.metrics.set_counters(c);
         }

@@ -6,7 +6,8 @@ use std::net::Ipv4Addr;
 use anyhow::Result;
 use ipnet::Ipv4Net;
 use weft::{
-    dataplane::{DataplaneSpec, Overlay, OwnSubnets, Peer, XdpMode},
+    dataplane::{DataplaneSpec, Overlay, Peer, XdpMode},
+    lease::Subnets,
     mac::MacAddr,
 };
 
@@ -97,7 +98,7 @@ pub fn with_overlay<T: Send + 'static>(
             .enable_all()
             .build()?;
         rt.block_on(async move {
-            let own = OwnSubnets {
+            let own = Subnets {
                 v4: Some(setup.subnet),
                 v6: setup.subnet6,
             };
@@ -155,7 +156,7 @@ pub fn run_overlay(
             }
         };
         rt.block_on(async move {
-            let own = OwnSubnets {
+            let own = Subnets {
                 v4: Some(setup.subnet),
                 v6: setup.subnet6,
             };

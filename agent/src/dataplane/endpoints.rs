@@ -24,13 +24,12 @@ use anyhow::Result;
 use dataplane_common::{Endpoint, POD_IF_V4, POD_IF_V6, PodIf, program_names};
 
 use super::{
-    OwnSubnets,
     bpffs::PinDir,
     loader::{self, Attachment, Hook, Loaded},
     maps::EndpointMap,
     netlink::{Link, Netlink},
 };
-use crate::mac::MacAddr;
+use crate::{lease::Subnets, mac::MacAddr};
 
 /// An endpoint as registered (by the CNI plugin).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,7 +101,7 @@ pub(crate) struct Scope<'a> {
     /// Devices that are never a pod's (the uplink, the overlay devices).
     pub(crate) not_pods: &'a [String],
     /// The node's own subnets: pod addresses lie in them.
-    pub(crate) subnets: OwnSubnets,
+    pub(crate) subnets: Subnets,
 }
 
 /// Why registration `e` (whose veth, `link`, exists) is not fit for the
@@ -364,7 +363,7 @@ mod tests {
     fn scope(not_pods: &[String]) -> Scope<'_> {
         Scope {
             not_pods,
-            subnets: OwnSubnets {
+            subnets: Subnets {
                 v4: Some("10.5.1.0/24".parse().unwrap()),
                 v6: None,
             },

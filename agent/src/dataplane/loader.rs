@@ -27,10 +27,10 @@ use aya_obj::maps::PinningType;
 use dataplane_common::map_names;
 
 use super::{
-    XdpMode,
     bpffs::PinDir,
     kfuncs::{self, KernelBtf},
     netlink::Netlink,
+    types::XdpMode,
 };
 
 /// The eBPF object built from `dataplane-ebpf/` (see `build.rs`).
@@ -652,4 +652,11 @@ pub fn ifindex(iface: &str) -> Result<u32> {
         bail!("no network interface named {iface:?} in this network namespace");
     }
     Ok(idx)
+}
+
+/// Runs blocking loader code (which may start its own netlink runtime) on a
+/// fresh thread: it inherits this thread's network namespace, which a pooled
+/// blocking thread might not.
+pub(super) fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| s.spawn(f).join().expect("loader thread panicked"))
 }

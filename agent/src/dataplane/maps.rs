@@ -1,4 +1,7 @@
-//! Typed access to the dataplane's pinned maps.
+//! Typed access to the dataplane's pinned maps. Each kind of map exists
+//! once per address family in the kernel (the programs key them by the
+//! family's address); here each pair is one type, [`AddrMap`] or
+//! [`PeerTries`], and the family is matched in that type alone.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -15,10 +18,11 @@ use dataplane_common::{
     map_names,
 };
 
-use super::bpffs::PinDir;
+use aya::Pod;
+use aya::maps::MapError;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::Peer;
+use super::{bpffs::PinDir, types::Peer};
 use crate::mac::MacAddr;
 
 /// Opens a pinned map by name.
@@ -41,32 +45,193 @@ fn from_be(v: u32) -> Ipv4Addr {
     Ipv4Addr::from(v.to_ne_bytes())
 }
 
-/// Every entry of an IPv4 peer map.
-fn read_trie(trie: &LpmTrie<MapData, u32, Vtep>) -> Result<HashMap<IpNet, Peer>> {
-    let mut out = HashMap::new();
-    for item in trie.iter() {
-        let (k, v) = item?;
-        let subnet = Ipv4Net::new(from_be(k.data()), k.prefix_len() as u8)
-            .context("a peer map key with a bad prefix length")?
-            .trunc();
-        let p = Peer::v4(subnet, from_be(v.addr_be), MacAddr(v.mac));
-        out.insert(p.subnet, p);
+/// A map lookup that found nothing is `None`, not an error.
+fn found<T>(r: Result<T, MapError>) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(MapError::KeyNotFound) => Ok(None),
+        Err(e) => Err(e.into()),
     }
-    Ok(out)
 }
 
-/// Every entry of the IPv6 peer map.
-fn read_trie6(trie: &LpmTrie<MapData, [u8; 16], Vtep6>) -> Result<HashMap<IpNet, Peer>> {
-    let mut out = HashMap::new();
+/// A removal of what is not there succeeds.
+fn removed(r: Result<(), MapError>) -> Result<(), MapError> {
+    match r {
+        Err(MapError::KeyNotFound) => Ok(()),
+        r => r,
+    }
+}
+
+/// A hash map keyed by address: one kernel map per family (IPv4 keys in
+/// network order, IPv6 keys as 16 bytes), one value type.
+pub(crate) struct AddrMap<V: Pod> {
+    v4: BpfHashMap<MapData, u32, V>,
+    v6: BpfHashMap<MapData, [u8; 16], V>,
+}
+
+impl<V: Pod> AddrMap<V> {
+    fn open(pins: &PinDir, name4: &str, name6: &str) -> Result<Self> {
+        Ok(Self {
+            v4: BpfHashMap::try_from(open_pinned(pins, name4)?)?,
+            v6: BpfHashMap::try_from(open_pinned(pins, name6)?)?,
+        })
+    }
+
+    fn get(&self, ip: IpAddr) -> Result<Option<V>> {
+        found(match ip {
+            IpAddr::V4(a) => self.v4.get(&be(a), 0),
+            IpAddr::V6(a) => self.v6.get(&a.octets(), 0),
+        })
+    }
+
+    fn insert(&mut self, ip: IpAddr, v: V) -> Result<(), MapError> {
+        match ip {
+            IpAddr::V4(a) => self.v4.insert(be(a), v, 0),
+            IpAddr::V6(a) => self.v6.insert(a.octets(), v, 0),
+        }
+    }
+
+    fn remove(&mut self, ip: IpAddr) -> Result<(), MapError> {
+        removed(match ip {
+            IpAddr::V4(a) => self.v4.remove(&be(a)),
+            IpAddr::V6(a) => self.v6.remove(&a.octets()),
+        })
+    }
+
+    fn all(&self) -> Result<HashMap<IpAddr, V>> {
+        let mut out = HashMap::new();
+        for item in self.v4.iter() {
+            let (k, v) = item?;
+            out.insert(IpAddr::V4(from_be(k)), v);
+        }
+        for item in self.v6.iter() {
+            let (k, v) = item?;
+            out.insert(IpAddr::V6(Ipv6Addr::from(k)), v);
+        }
+        Ok(out)
+    }
+}
+
+type Trie4 = LpmTrie<MapData, u32, Vtep>;
+type Trie6 = LpmTrie<MapData, [u8; 16], Vtep6>;
+
+/// One entry of an IPv4 peer trie: the peer and its flags.
+fn entry4(k: &Key<u32>, v: &Vtep) -> Result<(Peer, u8)> {
+    let subnet = Ipv4Net::new(from_be(k.data()), k.prefix_len() as u8)
+        .context("a peer map key with a bad prefix length")?
+        .trunc();
+    Ok((
+        Peer::v4(subnet, from_be(v.addr_be), MacAddr(v.mac)),
+        v.flags,
+    ))
+}
+
+/// One entry of an IPv6 peer trie: the peer and its flags.
+fn entry6(k: &Key<[u8; 16]>, v: &Vtep6) -> Result<(Peer, u8)> {
+    let subnet = Ipv6Net::new(Ipv6Addr::from(k.data()), k.prefix_len() as u8)
+        .context("an IPv6 peer map key with a bad prefix length")?
+        .trunc();
+    Ok((
+        Peer::v6(subnet, Ipv6Addr::from(v.addr), MacAddr(v.mac)),
+        v.flags,
+    ))
+}
+
+/// How one trie entry reads: the peer and its flags.
+type Entry<K, V> = fn(&Key<K>, &V) -> Result<(Peer, u8)>;
+
+fn collect<K: Pod, V: Pod>(
+    trie: &LpmTrie<MapData, K, V>,
+    entry: Entry<K, V>,
+    out: &mut HashMap<IpNet, (Peer, u8)>,
+) -> Result<()> {
     for item in trie.iter() {
         let (k, v) = item?;
-        let subnet = Ipv6Net::new(Ipv6Addr::from(k.data()), k.prefix_len() as u8)
-            .context("an IPv6 peer map key with a bad prefix length")?
-            .trunc();
-        let p = Peer::v6(subnet, Ipv6Addr::from(v.addr), MacAddr(v.mac));
-        out.insert(p.subnet, p);
+        let (p, flags) = entry(&k, &v)?;
+        out.insert(p.subnet, (p, flags));
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The peer tries, subnet -> VTEP: one per family (longest-prefix match on
+/// the inner destination).
+pub(crate) struct PeerTries {
+    v4: Trie4,
+    v6: Trie6,
+}
+
+impl PeerTries {
+    fn open(pins: &PinDir) -> Result<Self> {
+        Ok(Self {
+            v4: LpmTrie::try_from(open_pinned(pins, map_names::PEERS)?)?,
+            v6: LpmTrie::try_from(open_pinned(pins, map_names::PEERS6)?)?,
+        })
+    }
+
+    /// Every entry, both families: subnet -> (peer, flags).
+    fn all(&self) -> Result<HashMap<IpNet, (Peer, u8)>> {
+        let mut out = HashMap::new();
+        collect(&self.v4, entry4, &mut out)?;
+        collect(&self.v6, entry6, &mut out)?;
+        Ok(out)
+    }
+
+    fn get(&self, subnet: &IpNet) -> Result<Option<Peer>> {
+        Ok(match subnet {
+            IpNet::V4(s) => {
+                let k = Key::new(s.prefix_len() as u32, be(s.network()));
+                found(self.v4.get(&k, 0))?
+                    .map(|v| entry4(&k, &v))
+                    .transpose()?
+            }
+            IpNet::V6(s) => {
+                let k = Key::new(s.prefix_len() as u32, s.network().octets());
+                found(self.v6.get(&k, 0))?
+                    .map(|v| entry6(&k, &v))
+                    .transpose()?
+            }
+        }
+        .map(|(p, _)| p))
+    }
+
+    fn insert(&mut self, p: &Peer, flags: u8) -> Result<()> {
+        match (p.subnet, p.vtep) {
+            (IpNet::V4(s), IpAddr::V4(v)) => {
+                let value = Vtep {
+                    addr_be: be(v),
+                    mac: p.mac.0,
+                    flags,
+                    _pad: 0,
+                };
+                self.v4
+                    .insert(&Key::new(s.prefix_len() as u32, be(s.network())), value, 0)
+            }
+            (IpNet::V6(s), IpAddr::V6(v)) => {
+                let value = Vtep6 {
+                    addr: v.octets(),
+                    mac: p.mac.0,
+                    flags,
+                    _pad: 0,
+                };
+                let k = Key::new(s.prefix_len() as u32, s.network().octets());
+                self.v6.insert(&k, value, 0)
+            }
+            _ => anyhow::bail!("peer {}: a VTEP of another address family", p.subnet),
+        }
+        .with_context(|| format!("programming peer {}", p.subnet))
+    }
+
+    fn remove(&mut self, subnet: &IpNet) -> Result<()> {
+        removed(match subnet {
+            IpNet::V4(s) => self
+                .v4
+                .remove(&Key::new(s.prefix_len() as u32, be(s.network()))),
+            IpNet::V6(s) => self
+                .v6
+                .remove(&Key::new(s.prefix_len() as u32, s.network().octets())),
+        })
+        .with_context(|| format!("removing peer {subnet}"))
+    }
 }
 
 /// Whether a map update failed because the map is full.
@@ -110,22 +275,19 @@ impl Counters {
     }
 }
 
-/// The peer tables (IPv4 and IPv6) and the config entry.
+/// The peer tables (IPv4 and IPv6), the VTEP tables and the config entry.
 pub struct PeerMaps {
-    peers: LpmTrie<MapData, u32, Vtep>,
-    vteps: BpfHashMap<MapData, u32, VtepInfo>,
-    peers6: LpmTrie<MapData, [u8; 16], Vtep6>,
-    vteps6: BpfHashMap<MapData, [u8; 16], VtepInfo>,
+    peers: PeerTries,
+    /// VTEP address -> how many subnets it carries.
+    vteps: AddrMap<VtepInfo>,
     config: Array<MapData, DataplaneConfig>,
 }
 
 impl PeerMaps {
     pub fn open(pins: &PinDir) -> Result<Self> {
         Ok(Self {
-            peers: LpmTrie::try_from(open_pinned(pins, map_names::PEERS)?)?,
-            vteps: BpfHashMap::try_from(open_pinned(pins, map_names::VTEPS)?)?,
-            peers6: LpmTrie::try_from(open_pinned(pins, map_names::PEERS6)?)?,
-            vteps6: BpfHashMap::try_from(open_pinned(pins, map_names::VTEPS6)?)?,
+            peers: PeerTries::open(pins)?,
+            vteps: AddrMap::open(pins, map_names::VTEPS, map_names::VTEPS6)?,
             config: Array::try_from(open_pinned(pins, map_names::CONFIG)?)?,
         })
     }
@@ -142,78 +304,56 @@ impl PeerMaps {
 
     /// The peers in the maps, both families.
     pub fn peers(&self) -> Result<HashMap<IpNet, Peer>> {
-        let mut out = read_trie(&self.peers)?;
-        out.extend(read_trie6(&self.peers6)?);
-        Ok(out)
+        Ok(self
+            .peers
+            .all()?
+            .into_iter()
+            .map(|(s, (p, _))| (s, p))
+            .collect())
     }
 
     /// The peers in a peer map that is no longer pinned (replaced by a new
     /// layout); fails if its entries are not this version's.
     pub(crate) fn read_peers(name: &str, old: MapData) -> Result<HashMap<IpNet, Peer>> {
         let map = Map::from_map_data(old)?;
+        let mut out = HashMap::new();
         if name == map_names::PEERS6 {
-            read_trie6(&LpmTrie::try_from(map)?)
+            collect(&Trie6::try_from(map)?, entry6, &mut out)?;
         } else {
-            read_trie(&LpmTrie::try_from(map)?)
+            collect(&Trie4::try_from(map)?, entry4, &mut out)?;
         }
+        Ok(out.into_iter().map(|(s, (p, _))| (s, p)).collect())
     }
 
     /// The subnets of the peers reached without encapsulation.
     pub fn direct_subnets(&self) -> Result<HashSet<IpNet>> {
-        let mut out = HashSet::new();
-        for item in self.peers.iter() {
-            let (k, v) = item?;
-            if v.flags & VTEP_F_DIRECT != 0 {
-                out.insert(IpNet::V4(
-                    Ipv4Net::new(from_be(k.data()), k.prefix_len() as u8)
-                        .context("a peer map key with a bad prefix length")?
-                        .trunc(),
-                ));
-            }
-        }
-        Ok(out)
+        Ok(self
+            .peers
+            .all()?
+            .into_iter()
+            .filter(|(_, (_, flags))| flags & VTEP_F_DIRECT != 0)
+            .map(|(s, _)| s)
+            .collect())
     }
 
     /// The peer of exactly `subnet`, if programmed.
     pub fn get(&self, subnet: &IpNet) -> Result<Option<Peer>> {
-        let found = match subnet {
-            IpNet::V4(s) => {
-                let key = Key::new(s.prefix_len() as u32, be(s.network()));
-                self.peers
-                    .get(&key, 0)
-                    .map(|v| Peer::v4(*s, from_be(v.addr_be), MacAddr(v.mac)))
-            }
-            IpNet::V6(s) => {
-                let key = Key::new(s.prefix_len() as u32, s.network().octets());
-                self.peers6
-                    .get(&key, 0)
-                    .map(|v| Peer::v6(*s, Ipv6Addr::from(v.addr), MacAddr(v.mac)))
-            }
-        };
-        match found {
-            Ok(p) => Ok(Some(p)),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        self.peers.get(subnet)
     }
 
     /// How many peers the IPv4 map can hold (the IPv6 map, as many).
     pub fn capacity(&self) -> Result<u32> {
-        Ok(self.peers.map().info()?.max_entries())
+        Ok(self.peers.v4.map().info()?.max_entries())
     }
 
     /// The VTEP tables: address -> how many subnets it carries.
     pub fn vteps(&self) -> Result<HashMap<IpAddr, u32>> {
-        let mut out = HashMap::new();
-        for item in self.vteps.iter() {
-            let (k, v) = item?;
-            out.insert(IpAddr::V4(from_be(k)), v.subnets);
-        }
-        for item in self.vteps6.iter() {
-            let (k, v) = item?;
-            out.insert(IpAddr::V6(Ipv6Addr::from(k)), v.subnets);
-        }
-        Ok(out)
+        Ok(self
+            .vteps
+            .all()?
+            .into_iter()
+            .map(|(a, v)| (a, v.subnets))
+            .collect())
     }
 
     /// Installs or replaces the peer of `p.subnet` (`direct`: reached
@@ -224,30 +364,8 @@ impl PeerMaps {
         if old.map(|o| o.vtep) != Some(p.vtep) {
             self.vtep_ref(p.vtep, 1)?;
         }
-        let r = match (p.subnet, p.vtep) {
-            (IpNet::V4(s), IpAddr::V4(v)) => {
-                let key = Key::new(s.prefix_len() as u32, be(s.network()));
-                let value = Vtep {
-                    addr_be: be(v),
-                    mac: p.mac.0,
-                    flags: if direct { VTEP_F_DIRECT } else { 0 },
-                    _pad: 0,
-                };
-                self.peers.insert(&key, value, 0)
-            }
-            (IpNet::V6(s), IpAddr::V6(v)) => {
-                let key = Key::new(s.prefix_len() as u32, s.network().octets());
-                let value = Vtep6 {
-                    addr: v.octets(),
-                    mac: p.mac.0,
-                    flags: 0,
-                    _pad: 0,
-                };
-                self.peers6.insert(&key, value, 0)
-            }
-            _ => anyhow::bail!("peer {}: a VTEP of another address family", p.subnet),
-        };
-        r.with_context(|| format!("programming peer {}", p.subnet))?;
+        self.peers
+            .insert(p, if direct { VTEP_F_DIRECT } else { 0 })?;
         if let Some(o) = old
             && o.vtep != p.vtep
         {
@@ -257,19 +375,7 @@ impl PeerMaps {
     }
 
     pub fn remove(&mut self, old: &Peer) -> Result<()> {
-        let r = match old.subnet {
-            IpNet::V4(s) => self
-                .peers
-                .remove(&Key::new(s.prefix_len() as u32, be(s.network()))),
-            IpNet::V6(s) => self
-                .peers6
-                .remove(&Key::new(s.prefix_len() as u32, s.network().octets())),
-        };
-        match r {
-            Ok(()) => {}
-            Err(aya::maps::MapError::KeyNotFound) => {}
-            Err(e) => return Err(e).with_context(|| format!("removing peer {}", old.subnet)),
-        }
+        self.peers.remove(&old.subnet)?;
         self.vtep_ref(old.vtep, -1)
     }
 
@@ -280,12 +386,9 @@ impl PeerMaps {
         for p in peers.values() {
             *want.entry(p.vtep).or_default() += 1;
         }
-        for (vtep, _) in self.vteps()? {
+        for vtep in self.vteps.all()?.into_keys() {
             if !want.contains_key(&vtep) {
-                let _ = match vtep {
-                    IpAddr::V4(v) => self.vteps.remove(&be(v)),
-                    IpAddr::V6(v) => self.vteps6.remove(&v.octets()),
-                };
+                let _ = self.vteps.remove(vtep);
             }
         }
         for (vtep, n) in want {
@@ -295,33 +398,15 @@ impl PeerMaps {
     }
 
     fn set_vtep(&mut self, vtep: IpAddr, subnets: u32) -> Result<()> {
-        let v = VtepInfo { subnets };
-        match vtep {
-            IpAddr::V4(a) => self.vteps.insert(be(a), v, 0),
-            IpAddr::V6(a) => self.vteps6.insert(a.octets(), v, 0),
-        }
-        .with_context(|| format!("recording VTEP {vtep}"))
+        self.vteps
+            .insert(vtep, VtepInfo { subnets })
+            .with_context(|| format!("recording VTEP {vtep}"))
     }
 
     fn vtep_ref(&mut self, vtep: IpAddr, delta: i32) -> Result<()> {
-        let got = match vtep {
-            IpAddr::V4(a) => self.vteps.get(&be(a), 0),
-            IpAddr::V6(a) => self.vteps6.get(&a.octets(), 0),
-        };
-        let n = match got {
-            Ok(v) => v.subnets as i64,
-            Err(aya::maps::MapError::KeyNotFound) => 0,
-            Err(e) => return Err(e.into()),
-        } + delta as i64;
+        let n = self.vteps.get(vtep)?.map_or(0, |v| v.subnets as i64) + delta as i64;
         if n <= 0 {
-            let r = match vtep {
-                IpAddr::V4(a) => self.vteps.remove(&be(a)),
-                IpAddr::V6(a) => self.vteps6.remove(&a.octets()),
-            };
-            match r {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-                Err(e) => Err(e.into()),
-            }
+            Ok(self.vteps.remove(vtep)?)
         } else {
             self.set_vtep(vtep, n as u32)
         }
@@ -329,19 +414,16 @@ impl PeerMaps {
 }
 
 /// The endpoint maps: local pods that host routing delivers to directly,
-/// by IPv4 and by IPv6 address, and the addresses each pod's veth may send
-/// from.
+/// by address, and the addresses each pod's veth may send from.
 pub struct EndpointMap {
-    map: BpfHashMap<MapData, u32, Endpoint>,
-    map6: BpfHashMap<MapData, [u8; 16], Endpoint>,
+    map: AddrMap<Endpoint>,
     pod_ifs: BpfHashMap<MapData, u32, PodIf>,
 }
 
 impl EndpointMap {
     pub fn open(pins: &PinDir) -> Result<Self> {
         Ok(Self {
-            map: BpfHashMap::try_from(open_pinned(pins, map_names::ENDPOINTS)?)?,
-            map6: BpfHashMap::try_from(open_pinned(pins, map_names::ENDPOINTS6)?)?,
+            map: AddrMap::open(pins, map_names::ENDPOINTS, map_names::ENDPOINTS6)?,
             pod_ifs: BpfHashMap::try_from(open_pinned(pins, map_names::POD_IFS)?)?,
         })
     }
@@ -363,42 +445,24 @@ impl EndpointMap {
     }
 
     pub(crate) fn remove_pod_if(&mut self, ifindex: u32) -> Result<()> {
-        match self.pod_ifs.remove(&ifindex) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("removing pod veth {ifindex}")),
-        }
+        removed(self.pod_ifs.remove(&ifindex))
+            .with_context(|| format!("removing pod veth {ifindex}"))
     }
 
     /// Every entry: pod address -> endpoint.
     pub fn all(&self) -> Result<HashMap<IpAddr, Endpoint>> {
-        let mut out = HashMap::new();
-        for item in self.map.iter() {
-            let (k, v) = item?;
-            out.insert(IpAddr::V4(from_be(k)), v);
-        }
-        for item in self.map6.iter() {
-            let (k, v) = item?;
-            out.insert(IpAddr::V6(Ipv6Addr::from(k)), v);
-        }
-        Ok(out)
+        self.map.all()
     }
 
     pub(crate) fn set(&mut self, ip: IpAddr, ep: &Endpoint) -> Result<()> {
-        match ip {
-            IpAddr::V4(a) => self.map.insert(be(a), *ep, 0),
-            IpAddr::V6(a) => self.map6.insert(a.octets(), *ep, 0),
-        }
-        .with_context(|| format!("programming endpoint {ip}"))
+        self.map
+            .insert(ip, *ep)
+            .with_context(|| format!("programming endpoint {ip}"))
     }
 
     pub(crate) fn remove(&mut self, ip: IpAddr) -> Result<()> {
-        let r = match ip {
-            IpAddr::V4(a) => self.map.remove(&be(a)),
-            IpAddr::V6(a) => self.map6.remove(&a.octets()),
-        };
-        match r {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("removing endpoint {ip}")),
-        }
+        self.map
+            .remove(ip)
+            .with_context(|| format!("removing endpoint {ip}"))
     }
 }

@@ -23,169 +23,36 @@ mod nftables;
 mod overlay;
 pub mod selftest;
 mod sysctl;
+mod teardown;
 mod trace;
+mod types;
 
 use std::{
     collections::{HashMap, HashSet},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    path::PathBuf,
     sync::Arc,
 };
 
 use anyhow::Result;
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::IpNet;
 
 pub use bpffs::{DEFAULT_DIR as DEFAULT_PIN_DIR, PinDir, is_bpffs};
 pub(crate) use endpoints::pod_ifs;
 pub use endpoints::{EndpointSpec, EndpointSync};
 pub use loader::{Attachment, Hook, LoadOptions, Loaded, detach, ifindex};
 pub use maps::{Counters, EndpointMap, PeerMaps};
-pub use overlay::{DecapChoice, Healed, Overlay, device_name, device6_name};
+pub use overlay::{Healed, Overlay, device_name, device6_name};
+pub use types::*;
 
 pub(crate) use conntrack::LiberalStats;
 pub(crate) use ethtool::{driver, gro, tx_checksum};
 pub(crate) use events::watch as watch_changes;
 pub(crate) use loader::{pinned_links, pinned_program};
 pub(crate) use netlink::{Link, Netlink};
-pub(crate) use overlay::{Problem, ProblemKind, teardown};
+pub(crate) use overlay::{Problem, ProblemKind};
 pub(crate) use sysctl::{read as read_sysctl, read_iface as read_iface_sysctl};
+pub(crate) use teardown::teardown;
 
-use crate::mac::MacAddr;
-
-/// One remote subnet and the VTEP that serves it: an IPv4 subnet behind an
-/// IPv4 VTEP, or an IPv6 subnet behind an IPv6 VTEP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Peer {
-    pub subnet: IpNet,
-    pub vtep: IpAddr,
-    pub mac: MacAddr,
-}
-
-impl Peer {
-    /// An IPv4 peer.
-    pub fn v4(subnet: Ipv4Net, vtep: Ipv4Addr, mac: MacAddr) -> Self {
-        Self {
-            subnet: IpNet::V4(subnet),
-            vtep: IpAddr::V4(vtep),
-            mac,
-        }
-    }
-
-    /// An IPv6 peer.
-    pub fn v6(subnet: Ipv6Net, vtep: Ipv6Addr, mac: MacAddr) -> Self {
-        Self {
-            subnet: IpNet::V6(subnet),
-            vtep: IpAddr::V6(vtep),
-            mac,
-        }
-    }
-}
-
-/// A change to the peer table.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PeerUpdate {
-    /// Install, or replace in place, the peer of this subnet.
-    Upsert(Peer),
-    /// Remove the peer of this subnet.
-    Remove(IpNet),
-}
-
-/// Where decapsulation runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum XdpMode {
-    /// Native XDP if the driver has it, else generic XDP.
-    Auto,
-    /// XDP in the driver.
-    Native,
-    /// XDP on the socket buffer (any device, slower).
-    Generic,
-    /// No XDP: decapsulate in TC on the uplink's ingress.
-    Off,
-}
-
-/// How pods' traffic crosses the host (`--host-routing`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum HostRouting {
-    /// Bypass the host stack for flows conntrack holds as confirmed and
-    /// not NATed; everything else takes the host stack.
-    Auto,
-    /// Bypass the host stack for all pod-to-pod traffic between nodes:
-    /// netfilter (NAT of replies, FORWARD rules) no longer sees it.
-    Bpf,
-    /// Always through the host stack: bridge, routing, the overlay device.
-    Legacy,
-}
-
-impl HostRouting {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HostRouting::Auto => "auto",
-            HostRouting::Bpf => "bpf",
-            HostRouting::Legacy => "legacy",
-        }
-    }
-}
-
-impl XdpMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            XdpMode::Auto => "auto",
-            XdpMode::Native => "native",
-            XdpMode::Generic => "generic",
-            XdpMode::Off => "off",
-        }
-    }
-}
-
-/// What the eBPF dataplane is built from.
-#[derive(Clone, Debug)]
-pub struct DataplaneSpec {
-    /// The uplink device's name.
-    pub uplink: String,
-    /// Our IPv4 VTEP address (outer source, decapsulation destination);
-    /// None on an IPv6-only node.
-    pub public_ip: Option<Ipv4Addr>,
-    /// Our IPv6 VTEP address, when the network has IPv6.
-    pub public_ipv6: Option<Ipv6Addr>,
-    pub vni: u32,
-    pub port: u16,
-    pub vtep_mac: MacAddr,
-    /// The IPv6 overlay device's MAC (the lease's `BackendV6Data`).
-    pub vtep6_mac: MacAddr,
-    pub xdp_mode: XdpMode,
-    pub pins: PinDir,
-    /// Log every dropped packet (reason and addresses) to the agent's log.
-    pub trace_drops: bool,
-    /// Capacity of the peer maps.
-    pub max_peers: u32,
-    pub host_routing: HostRouting,
-    /// Where host settings changed by Weft are recorded, to be restored by
-    /// `weft teardown` (a tmpfs: `/run/weft`).
-    pub state_dir: PathBuf,
-    /// The cluster network (flannel's `Network`), if it has IPv4.
-    pub network: Option<Ipv4Net>,
-    /// The cluster's IPv6 network (`IPv6Network`), if it has IPv6.
-    pub network6: Option<Ipv6Net>,
-    /// Masquerade pods' traffic leaving the cluster network (`--ip-masq`);
-    /// `Some(true)`: with fully random source ports.
-    pub masquerade: Option<bool>,
-    /// Accept forwarded cluster traffic in iptables' FORWARD chain
-    /// (`--iptables-forward-rules`).
-    pub forward_rules: bool,
-    /// The underlay MTU to assume (`Backend.MTU`); None: the uplink's,
-    /// followed as it changes.
-    pub underlay_mtu: Option<u32>,
-    /// Reach peers on the uplink's own subnet without encapsulation
-    /// (`Backend.DirectRouting`).
-    pub direct_routing: bool,
-}
-
-/// This node's own subnets, one per address family the network has.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OwnSubnets {
-    pub v4: Option<Ipv4Net>,
-    pub v6: Option<Ipv6Net>,
-}
+use crate::lease::Subnets;
 
 /// The dataplane as the agent drives it: the eBPF datapath, or none at all
 /// (control plane only: the peer table is kept and logged).
@@ -231,7 +98,7 @@ impl Dataplane {
 
     /// Our subnets are (now) `subnets` (IPv4, IPv6): the first call sets
     /// the dataplane up around them, later calls move it to new ones.
-    pub(crate) async fn set_subnet(&mut self, subnets: OwnSubnets) -> Result<()> {
+    pub(crate) async fn set_subnet(&mut self, subnets: Subnets) -> Result<()> {
         match &mut self.kind {
             Kind::Off { .. } => {
                 tracing::debug!(?subnets, "own subnets (no datapath)");

@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use std::collections::HashMap;
 
-use super::XdpMode;
+use super::types::XdpMode;
 use anyhow::{Context as _, Result, anyhow, bail};
 use futures::TryStreamExt as _;
 use rtnetlink::{
@@ -371,6 +371,17 @@ impl Netlink {
                 IpAddr::V4(a) => Some((a, len)),
                 IpAddr::V6(_) => None,
             })
+            .collect())
+    }
+
+    /// The addresses of one family on device `index` (IPv6: of global
+    /// scope), with their prefix lengths.
+    pub(crate) async fn family_addresses(&self, index: u32, v6: bool) -> Result<Vec<(IpAddr, u8)>> {
+        Ok(self
+            .all_addresses(index)
+            .await?
+            .into_iter()
+            .filter(|(a, _)| a.is_ipv6() == v6)
             .collect())
     }
 

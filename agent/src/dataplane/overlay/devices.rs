@@ -1,0 +1,385 @@
+//! The overlay devices, one per address family, and the uplink they send
+//! through. One [`OverlayDevice`] type covers both families: the IPv4
+//! device is a veth pair whose egress program encapsulates (`weft.<VNI>`),
+//! the IPv6 device is the kernel's vxlan driver in collect-metadata mode
+//! (`weft-v6.<VNI>`); what differs between them is said once, here.
+
+use anyhow::{Context as _, Result, bail};
+use dataplane_common::program_names;
+use ipnet::{IpNet, Ipv4Net};
+
+use super::super::{
+    loader::{self, Hook, off_runtime},
+    netlink::{Link, Netlink},
+    sysctl,
+    types::{DataplaneSpec, Family},
+};
+use crate::lease::Subnets;
+
+/// The overlay device's name for a VNI (flannel: `flannel.<VNI>`).
+pub fn device_name(vni: u32) -> String {
+    format!("weft.{vni}")
+}
+
+/// The IPv6 overlay device's name for a VNI (flannel: `flannel-v6.<VNI>`).
+pub fn device6_name(vni: u32) -> String {
+    format!("weft-v6.{vni}")
+}
+
+/// The other end of the IPv4 overlay device's veth pair.
+pub(crate) fn device_peer_name(vni: u32) -> String {
+    format!("weft.{vni}.p")
+}
+
+/// flannel's device for a VNI: routes through it are taken over when a node
+/// moves from flannel to Weft.
+pub(crate) fn flannel_device_name(vni: u32) -> String {
+    format!("flannel.{vni}")
+}
+
+/// The names of every device Weft creates for a VNI.
+pub(crate) fn all_device_names(vni: u32) -> [String; 3] {
+    [device_name(vni), device_peer_name(vni), device6_name(vni)]
+}
+
+/// The programs at a device's hooks.
+pub(crate) type DevicePrograms = &'static [(&'static str, Hook)];
+
+/// One family's overlay device.
+pub(crate) struct OverlayDevice {
+    pub(crate) family: Family,
+    pub(crate) name: String,
+    /// Its index, once it exists.
+    pub(crate) index: Option<u32>,
+    pub(crate) mtu: u32,
+}
+
+/// What healing one device did.
+#[derive(Debug, Default)]
+pub(super) struct DeviceHealed {
+    /// The device was gone or replaced: its programs' links are defunct.
+    pub(super) recreated: bool,
+    /// It was down, had ARP on or the wrong MAC, and was put right.
+    pub(super) repaired: bool,
+    /// It was created or converged: its family's waiting peers can be
+    /// routed now.
+    pub(super) converged: bool,
+    /// Its address was put back.
+    pub(super) address: bool,
+}
+
+impl OverlayDevice {
+    fn new(family: Family, vni: u32, mtu: u32) -> Self {
+        let name = match family {
+            Family::V4 => device_name(vni),
+            Family::V6 => device6_name(vni),
+        };
+        Self {
+            family,
+            name,
+            index: None,
+            mtu,
+        }
+    }
+
+    /// The programs at this device's hooks: encapsulation on egress, and
+    /// for the vxlan device, the check of what it decapsulated.
+    pub(super) fn programs(&self) -> DevicePrograms {
+        match self.family {
+            Family::V4 => &[(program_names::ENCAP, Hook::TcEgress)],
+            Family::V6 => &[
+                (program_names::ENCAP6, Hook::TcEgress),
+                (program_names::TUNNEL_RX, Hook::TcIngress),
+            ],
+        }
+    }
+
+    /// Whether the node runs without this device when it cannot be made.
+    /// Another vxlan device on the port (flannel's, on a node moving from
+    /// flannel) keeps the IPv6 device from being created: IPv6 peers wait,
+    /// reported, until that device is gone and healing creates this one.
+    /// The IPv4 device is a veth pair nothing else claims: not being able
+    /// to create it is fatal.
+    fn optional(&self) -> bool {
+        self.family.is_v6()
+    }
+
+    /// Creates the device or converges it (kind, MAC, MTU, up, no ARP)
+    /// with its family's settings; returns its index and whether it is new.
+    async fn converge(&self, nl: &Netlink, spec: &DataplaneSpec) -> Result<(u32, bool)> {
+        let mac = spec.device_mac(self.family).0;
+        match self.family {
+            Family::V4 => {
+                let peer = device_peer_name(spec.vni);
+                let r = nl
+                    .ensure_overlay_device(&self.name, &peer, mac, self.mtu)
+                    .await?;
+                // IPv4 only: no IPv6 link-local chatter into the
+                // encapsulation path.
+                for d in [&self.name, &peer] {
+                    let _ = sysctl::write_iface("ipv6", d, "disable_ipv6", "1");
+                }
+                Ok(r)
+            }
+            Family::V6 => {
+                let Some(local) = spec.public_ipv6 else {
+                    bail!("no IPv6 VTEP address");
+                };
+                let r = nl
+                    .ensure_vxlan6_device(&self.name, spec.port, local, mac, self.mtu)
+                    .await?;
+                // No router advertisements on the overlay; its address is
+                // not duplicate-checked (no ARP, no neighbour discovery).
+                let _ = sysctl::write_iface("ipv6", &self.name, "accept_ra", "0");
+                Ok(r)
+            }
+        }
+    }
+
+    /// Makes `subnet`'s network address the device's only address of its
+    /// family (flannel's form: `10.244.3.0/32`, `fd00:10:244:3::/128`).
+    async fn address(&self, nl: &Netlink, index: u32, subnet: IpNet) -> Result<()> {
+        nl.ensure_only_address(index, subnet.network(), self.family.host_prefix())
+            .await
+    }
+
+    /// Creates or converges the device and its address.
+    async fn ensure(&mut self, nl: &Netlink, spec: &DataplaneSpec, subnet: IpNet) -> Result<()> {
+        let (index, created) = self.converge(nl, spec).await?;
+        if created {
+            tracing::info!(device = %self.name, mtu = self.mtu, "created the overlay device");
+        }
+        self.address(nl, index, subnet).await?;
+        self.index = Some(index);
+        Ok(())
+    }
+
+    /// Puts the device back as it should be (with MTU `mtu`), if something
+    /// removed or changed it.
+    async fn heal(
+        &mut self,
+        nl: &Netlink,
+        spec: &DataplaneSpec,
+        subnet: IpNet,
+        mtu: u32,
+    ) -> Result<DeviceHealed> {
+        let mut h = DeviceHealed::default();
+        self.mtu = mtu;
+        let mac = spec.device_mac(self.family).0;
+        let link = nl.link(&self.name).await?;
+        let broken = link
+            .as_ref()
+            .is_some_and(|l| !l.up || l.arp || l.mac != mac);
+        let recreate = link.as_ref().is_none_or(|l| Some(l.index) != self.index);
+        let changed = link.as_ref().is_none_or(|l| l.mtu != mtu) || broken;
+        if recreate {
+            // The links pinned for the old device are defunct.
+            let (pins, name, hooks) = (spec.pins.clone(), self.name.clone(), self.programs());
+            off_runtime(move || -> Result<()> {
+                for (_, hook) in hooks {
+                    loader::detach(&pins, *hook, &name)?;
+                }
+                Ok(())
+            })?;
+            h.recreated = true;
+        }
+        if changed {
+            match self.converge(nl, spec).await {
+                Ok((index, _)) => {
+                    let first = self.index.is_none();
+                    self.index = Some(index);
+                    h.converged = true;
+                    if first {
+                        tracing::info!(device = %self.name, "the overlay device is up");
+                    } else if recreate || broken {
+                        h.repaired = true;
+                    }
+                }
+                Err(e) if self.optional() => {
+                    self.index = None;
+                    tracing::warn!(device = %self.name, error = %format!("{e:#}"), "still no overlay device");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(index) = self.index {
+            let want = [(subnet.network(), self.family.host_prefix())];
+            if nl.family_addresses(index, self.family.is_v6()).await? != want {
+                self.address(nl, index, subnet).await?;
+                h.address = true;
+            }
+        }
+        Ok(h)
+    }
+}
+
+/// The node's overlay devices (one per family the node has a subnet and a
+/// VTEP address for) and its uplink.
+pub(crate) struct Devices {
+    devices: Vec<OverlayDevice>,
+    pub(crate) uplink: Link,
+    /// flannel's device for our VNI, if the node has one.
+    pub(crate) flannel_index: Option<u32>,
+    /// The subnets the uplink's IPv4 addresses are on: a peer whose VTEP is
+    /// on one of them is on our L2 segment.
+    pub(crate) uplink_nets: Vec<Ipv4Net>,
+}
+
+/// What one pass of [`Devices::heal`] did.
+#[derive(Debug, Default)]
+pub(super) struct DevicesHealed {
+    pub(super) recreated: bool,
+    pub(super) repairs: Vec<&'static str>,
+    /// Families whose device was created or converged.
+    pub(super) converged: Vec<Family>,
+}
+
+impl Devices {
+    /// Checks the uplink and creates (or adopts) the overlay devices.
+    pub(super) async fn setup(
+        nl: &Netlink,
+        spec: &DataplaneSpec,
+        subnets: Subnets,
+    ) -> Result<Self> {
+        let uplink = nl.require_link(&spec.uplink).await?;
+        let overhead = Family::ALL
+            .into_iter()
+            .filter(|f| f.subnet(&subnets).is_some())
+            .map(Family::overhead)
+            .max()
+            .unwrap_or(Family::V4.overhead());
+        if uplink.mtu <= overhead + 68 {
+            bail!(
+                "uplink {} has MTU {}: too small for VXLAN",
+                uplink.name,
+                uplink.mtu
+            );
+        }
+        if let Some(m) = spec.underlay_mtu
+            && m > uplink.mtu
+        {
+            tracing::warn!(
+                backend_mtu = m,
+                uplink_mtu = uplink.mtu,
+                "Backend.MTU is larger than the uplink's MTU: packets that fill the overlay MTU cannot leave"
+            );
+        }
+        let underlay = spec.underlay_mtu(uplink.mtu);
+        let mut devices = Vec::new();
+        for family in Family::ALL {
+            let (Some(subnet), Some(_)) = (family.subnet(&subnets), spec.vtep(family)) else {
+                continue;
+            };
+            let mut d = OverlayDevice::new(family, spec.vni, family.overlay_mtu(underlay));
+            match d.ensure(nl, spec, subnet).await {
+                Ok(()) => {}
+                Err(e) if d.optional() => {
+                    tracing::error!(device = %d.name, error = %format!("{e:#}"), "no overlay device yet; retrying");
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating {}", d.name)),
+            }
+            devices.push(d);
+        }
+        let flannel_index = nl
+            .link(&flannel_device_name(spec.vni))
+            .await?
+            .map(|l| l.index);
+        let uplink_nets = nl
+            .addresses(uplink.index)
+            .await?
+            .into_iter()
+            .filter_map(|(ip, len)| Ipv4Net::new(ip, len).ok().map(|n| n.trunc()))
+            .collect();
+        Ok(Self {
+            devices,
+            uplink,
+            flannel_index,
+            uplink_nets,
+        })
+    }
+
+    /// The devices that exist (by family), with their programs.
+    pub(crate) fn existing(&self) -> impl Iterator<Item = &OverlayDevice> {
+        self.devices.iter().filter(|d| d.index.is_some())
+    }
+
+    /// `family`'s device, whether it exists yet or not.
+    pub(crate) fn get(&self, family: Family) -> Option<&OverlayDevice> {
+        self.devices.iter().find(|d| d.family == family)
+    }
+
+    /// The index of `family`'s device, once it exists.
+    pub(crate) fn index(&self, family: Family) -> Option<u32> {
+        self.get(family).and_then(|d| d.index)
+    }
+
+    /// The devices that exist and their programs, for attaching.
+    pub(super) fn attachable(&self) -> Vec<(String, DevicePrograms)> {
+        self.existing()
+            .map(|d| (d.name.clone(), d.programs()))
+            .collect()
+    }
+
+    /// The pods' MTU: the smallest of their families' overlay MTUs (one
+    /// pod interface carries both).
+    pub(crate) fn pods_mtu(&self, spec: &DataplaneSpec, subnets: &Subnets) -> u32 {
+        let underlay = spec.underlay_mtu(self.uplink.mtu);
+        Family::ALL
+            .into_iter()
+            .filter(|f| f.subnet(subnets).is_some())
+            .map(|f| f.overlay_mtu(underlay))
+            .min()
+            .unwrap_or(Family::V4.overlay_mtu(underlay))
+    }
+
+    /// Gives the devices that exist the addresses of new `subnets`.
+    pub(super) async fn set_subnets(&self, nl: &Netlink, subnets: &Subnets) -> Result<()> {
+        for d in self.existing() {
+            if let (Some(index), Some(s)) = (d.index, d.family.subnet(subnets)) {
+                d.address(nl, index, s).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Follows the uplink (gone: an error; its MTU, followed) and puts the
+    /// devices back as they should be.
+    pub(super) async fn heal(
+        &mut self,
+        nl: &Netlink,
+        spec: &DataplaneSpec,
+        subnets: &Subnets,
+    ) -> Result<DevicesHealed> {
+        let Some(uplink) = nl.link_by_index(self.uplink.index).await? else {
+            bail!("the uplink {} is gone", spec.uplink);
+        };
+        if uplink.mtu != self.uplink.mtu {
+            tracing::info!(
+                uplink = %uplink.name,
+                from = self.uplink.mtu,
+                to = uplink.mtu,
+                "the uplink's MTU changed"
+            );
+        }
+        self.uplink = uplink;
+        let underlay = spec.underlay_mtu(self.uplink.mtu);
+        let mut h = DevicesHealed::default();
+        for d in &mut self.devices {
+            let Some(subnet) = d.family.subnet(subnets) else {
+                continue;
+            };
+            let mtu = d.family.overlay_mtu(underlay);
+            let dh = d.heal(nl, spec, subnet, mtu).await?;
+            h.recreated |= dh.recreated;
+            for (did, what) in [(dh.repaired, "device"), (dh.address, "address")] {
+                if did && !h.repairs.contains(&what) {
+                    h.repairs.push(what);
+                }
+            }
+            if dh.converged {
+                h.converged.push(d.family);
+            }
+        }
+        Ok(h)
+    }
+}

@@ -1,0 +1,360 @@
+//! The node's overlay: the overlay devices ([`devices`]), the peer table
+//! and its routes ([`peers`]), the programs ([`programs`]), and the host
+//! settings they need, composed here. One API for the lease watch to drive
+//! (`apply_batch`, `upsert`), idempotent setup that adopts what an earlier
+//! run left in place, and a `heal` that puts back what something else
+//! removed.
+//!
+//! Layout on a dual-stack node (VNI 1, subnets 10.244.3.0/24 and
+//! fd00:10:244:3::/64, uplink eth0):
+//!
+//! ```text
+//!  pod ─ veth ─ cni0 ─ routing ─┬─ weft.1    (10.244.3.0/32, MTU eth0-50; a veth pair)
+//!                               │    TC egress: weft_encap ─► redirect_neigh ─► eth0 ─► wire
+//!                               └─ weft-v6.1 (fd00:10:244:3::/128, MTU eth0-70; vxlan, external)
+//!                                    TC egress: weft_encap6 (tunnel key) ─► vxlan ─► eth0 ─► wire
+//!  wire ─► eth0 XDP: weft_decap (either outer family; strip, XDP_PASS) ─► routing ─► cni0 ─► pod
+//! ```
+//!
+//! Routes `10.244.7.0/24 dev weft.1 src 10.244.3.0 proto 44` (IPv6:
+//! `fd00:10:244:7::/64 dev weft-v6.1 proto 44`) send remote-subnet traffic
+//! (pods' and the node's own) into the overlay, whose MTU makes the kernel
+//! answer oversized packets with ICMP before the program sees them.
+
+mod devices;
+mod peers;
+mod programs;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
+
+use anyhow::{Result, bail};
+use ipnet::IpNet;
+
+pub use devices::{device_name, device6_name};
+pub(crate) use peers::{Problem, ProblemKind};
+
+use self::{
+    devices::{Devices, all_device_names},
+    peers::{PeerTable, Routing},
+    programs::Programs,
+};
+use super::{
+    conntrack,
+    endpoints::{EndpointSpec, EndpointSync, Endpoints, Scope},
+    host,
+    loader::{self, Attachment},
+    maps::{Counters, EndpointMap, PeerMaps},
+    netfilter::{self, NetfilterSpec},
+    netlink::Netlink,
+    teardown::teardown,
+    types::{DataplaneSpec, DecapChoice, Family, HostRouting, Peer, PeerUpdate},
+};
+use crate::lease::Subnets;
+
+/// The eBPF datapath on one node.
+pub struct Overlay {
+    spec: DataplaneSpec,
+    subnets: Subnets,
+    nl: Netlink,
+    devices: Devices,
+    table: PeerTable,
+    programs: Programs,
+    counters: Arc<Counters>,
+    endpoint_map: EndpointMap,
+    endpoints: Endpoints,
+    /// Makes fast-path TCP flows liberal in conntrack when the programs ask
+    /// (`--host-routing auto`); stopped with the overlay.
+    _marker: Option<conntrack::Marker>,
+    liberal: Arc<conntrack::LiberalStats>,
+}
+
+/// What one pass of [`Overlay::heal`] did.
+#[derive(Debug, Default)]
+pub struct Healed {
+    /// What was found missing and put back (`device`, `address`,
+    /// `programs`, `routes`, `sysctls`, `nftables`, `forward_rules`).
+    pub repairs: Vec<&'static str>,
+    /// The overlay MTU changed (it follows the uplink's).
+    pub mtu_changed: bool,
+}
+
+/// Borrows what routing needs from an overlay's fields (a macro, so that
+/// the peer table can be borrowed mutably beside it).
+macro_rules! routing {
+    ($o:expr) => {
+        Routing {
+            nl: &$o.nl,
+            devices: &$o.devices,
+            subnets: $o.subnets,
+            direct_routing: $o.spec.direct_routing,
+        }
+    };
+}
+
+impl Overlay {
+    /// Sets up (or converges) everything around our `subnets`; adopts
+    /// pinned programs and maps from an earlier run without detaching them.
+    ///
+    /// A failure leaves the node as it was: a node that had no Weft
+    /// dataplane has nothing left behind; one that had a running dataplane
+    /// keeps it (still forwarding with the programs it had).
+    pub async fn setup(spec: &DataplaneSpec, subnets: Subnets) -> Result<Self> {
+        let fresh = !spec.pins.has_links();
+        match Self::setup_inner(spec.clone(), subnets).await {
+            Ok(o) => Ok(o),
+            Err(e) if fresh => {
+                tracing::error!(error = %format!("{e:#}"), "dataplane setup failed; removing what it created");
+                match teardown(&spec.pins, spec.vni, &spec.state_dir).await {
+                    Ok(removed) => {
+                        for r in removed {
+                            tracing::info!("rolled back: removed {r}");
+                        }
+                    }
+                    Err(te) => {
+                        tracing::error!(error = %format!("{te:#}"), "rolling back the failed setup")
+                    }
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn setup_inner(spec: DataplaneSpec, subnets: Subnets) -> Result<Self> {
+        let nl = Netlink::new()?;
+        let devices = Devices::setup(&nl, &spec, subnets).await?;
+        host::apply(&spec.uplink, &spec.state_dir, subnets.v6.is_some())?;
+        if programs::tries_xdp(spec.xdp_mode, &devices.uplink) {
+            match super::ethtool::ensure_gro(&spec.uplink) {
+                Ok(true) => tracing::info!(uplink = %spec.uplink, "turned GRO on for the uplink"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(uplink = %spec.uplink, error = %e, "cannot turn GRO on for the uplink")
+                }
+            }
+        }
+
+        // Programs and maps: load (reusing pinned maps of the right
+        // layout), fill the maps, and only then swap the programs in, so an
+        // upgrade that replaces maps never runs programs on empty ones.
+        let adopting = spec.pins.has_links();
+        let (programs, replaced) = Programs::load(&spec)?;
+        spec.pins.announce(&spec.state_dir)?;
+        let mut maps = PeerMaps::open(&spec.pins)?;
+        programs::carry_over(&mut maps, replaced);
+        let table = PeerTable::adopt(maps)?;
+        let mut o = Self {
+            endpoint_map: EndpointMap::open(&spec.pins)?,
+            counters: Arc::new(Counters::open(&spec.pins)?),
+            spec,
+            subnets,
+            nl,
+            devices,
+            table,
+            programs,
+            endpoints: Endpoints::default(),
+            _marker: None,
+            liberal: Arc::default(),
+        };
+        netfilter::apply(&o.netfilter())?;
+        o.write_config()?;
+        o.programs.attach(&o.spec, &o.devices)?;
+        o.programs.log(o.spec.host_routing);
+        if o.spec.host_routing == HostRouting::Auto && o.programs.has_conntrack() {
+            o._marker = Some(conntrack::spawn_marker(&o.spec.pins, o.liberal.clone())?);
+        }
+        loader::remove_other_versions(&o.spec.pins)?;
+        if adopting {
+            tracing::info!(
+                peers = o.table.peers().len(),
+                "adopted the pinned dataplane of an earlier run"
+            );
+        }
+        o.programs.start_trace()?;
+        o.table.reconcile_routes(&routing!(o)).await?;
+        Ok(o)
+    }
+
+    /// What netfilter should hold.
+    fn netfilter(&self) -> NetfilterSpec {
+        NetfilterSpec {
+            network: self.spec.network,
+            subnet: self.subnets.v4,
+            network6: self.spec.network6,
+            subnet6: self.subnets.v6,
+            // The gate asks conntrack: make sure it tracks here.
+            track: self.spec.host_routing == HostRouting::Auto && self.programs.has_conntrack(),
+            masquerade: self.spec.masquerade,
+            forward_rules: self.spec.forward_rules,
+        }
+    }
+
+    fn write_config(&mut self) -> Result<()> {
+        let c = programs::config(
+            &self.spec,
+            &self.subnets,
+            &self.devices,
+            self.programs.has_conntrack(),
+        );
+        self.table.maps.set_config(&c)
+    }
+
+    /// The pods' MTU: the smallest of the overlay devices' (IPv6 needs 20
+    /// bytes more than IPv4, and one pod interface carries both).
+    pub fn mtu(&self) -> u32 {
+        self.devices.pods_mtu(&self.spec, &self.subnets)
+    }
+
+    /// The subnets of the peers reached without encapsulation.
+    pub fn direct(&self) -> &HashSet<IpNet> {
+        self.table.direct()
+    }
+
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    /// What the marking of fast-path flows as liberal did.
+    pub(crate) fn liberal(&self) -> Arc<conntrack::LiberalStats> {
+        self.liberal.clone()
+    }
+
+    pub fn attachments(&self) -> &[Attachment] {
+        &self.programs.attachments
+    }
+
+    pub fn peers(&self) -> &HashMap<IpNet, Peer> {
+        self.table.peers()
+    }
+
+    /// Where decapsulation runs, and why.
+    pub fn decap(&self) -> &DecapChoice {
+        &self.programs.decap
+    }
+
+    /// Peers not (fully) programmed.
+    pub(crate) fn problems(&self) -> impl Iterator<Item = &Problem> {
+        self.table.problems()
+    }
+
+    /// Makes the local pods host routing reaches match the registered
+    /// endpoints `want`.
+    pub async fn sync_endpoints(&mut self, want: &[EndpointSpec]) -> Result<EndpointSync> {
+        let mut not_pods = all_device_names(self.spec.vni).to_vec();
+        not_pods.push(self.spec.uplink.clone());
+        let scope = Scope {
+            not_pods: &not_pods,
+            subnets: self.subnets,
+        };
+        self.endpoints
+            .sync(
+                want,
+                &mut self.endpoint_map,
+                &mut self.programs.loaded,
+                &self.spec.pins,
+                &self.nl,
+                &scope,
+            )
+            .await
+    }
+
+    /// Our own subnets changed (the lease was lost and re-acquired).
+    pub async fn set_subnet(&mut self, subnets: Subnets) -> Result<()> {
+        if subnets == self.subnets {
+            return Ok(());
+        }
+        self.subnets = subnets;
+        self.devices.set_subnets(&self.nl, &subnets).await?;
+        netfilter::apply(&self.netfilter())?;
+        // Routes carry the device's address as their source: rewrite them.
+        self.table.reroute(&routing!(self)).await
+    }
+
+    /// Installs or replaces one peer: the map entry is replaced in place, so
+    /// no packet sees the subnet without a VTEP or with a half-written one.
+    pub async fn upsert(&mut self, p: Peer) -> Result<()> {
+        self.apply_batch(&[PeerUpdate::Upsert(p)]).await?;
+        match self.table.problem(&p.subnet) {
+            Some(pr) => bail!("peer {}: {}", p.subnet, pr.error),
+            None => Ok(()),
+        }
+    }
+
+    /// Applies many updates at once (see [`PeerTable`]): a peer that cannot
+    /// be programmed is recorded as a problem and retried; it never stops
+    /// the others.
+    pub async fn apply_batch(&mut self, updates: &[PeerUpdate]) -> Result<()> {
+        self.table.apply(&routing!(self), updates).await
+    }
+
+    /// Tries again the peers whose retry time has come.
+    pub(crate) async fn retry_problems(&mut self) -> Result<()> {
+        self.table.retry(&routing!(self)).await
+    }
+
+    /// Removes the peer of `subnet`; returns whether the map had it.
+    pub async fn remove(&mut self, subnet: IpNet) -> bool {
+        self.table.remove(&routing!(self), subnet).await
+    }
+
+    /// Removes every peer not in `keep` (after adopting a pinned map, for
+    /// leases that vanished while the agent was away).
+    pub async fn retain(&mut self, keep: &HashSet<IpNet>) -> Result<usize> {
+        Ok(self.table.retain(&routing!(self), keep).await)
+    }
+
+    /// Checks everything the datapath relies on and puts back what
+    /// something else removed: the overlay devices (up, no ARP, their MAC
+    /// and MTU), their addresses, the attached programs, the sysctls,
+    /// Weft's routes and its netfilter rules. Also follows the uplink's
+    /// MTU. Cheap when nothing is missing (a few netlink requests), so it
+    /// runs every few seconds and whenever rtnetlink reports a change.
+    pub async fn heal(&mut self) -> Result<Healed> {
+        let mut h = Healed::default();
+        let pods_mtu = self.mtu();
+        let dh = self
+            .devices
+            .heal(&self.nl, &self.spec, &self.subnets)
+            .await?;
+        if self.mtu() != pods_mtu {
+            tracing::info!(from = pods_mtu, to = self.mtu(), "the overlay MTU follows");
+            h.mtu_changed = true;
+        }
+        h.repairs.extend(dh.repairs);
+        // Peers waiting for a device that is back get their routes now.
+        for family in dh.converged {
+            self.table
+                .retry_now(|pr| Family::of(pr.peer.subnet.addr()) == family);
+        }
+        // The config names the devices and MTUs: keep it current.
+        self.write_config()?;
+
+        if self
+            .programs
+            .heal(&self.spec, &self.devices, dh.recreated)?
+        {
+            h.repairs.push("programs");
+        }
+        if self.spec.host_routing != HostRouting::Legacy
+            && self.endpoints.heal(&mut self.programs.loaded) > 0
+            && !h.repairs.contains(&"programs")
+        {
+            h.repairs.push("programs");
+        }
+        if host::apply(
+            &self.spec.uplink,
+            &self.spec.state_dir,
+            self.subnets.v6.is_some(),
+        )? {
+            h.repairs.push("sysctls");
+        }
+        if self.table.heal_routes(&routing!(self)).await? {
+            h.repairs.push("routes");
+        }
+        h.repairs.extend(netfilter::heal(&self.netfilter())?);
+        Ok(h)
+    }
+}

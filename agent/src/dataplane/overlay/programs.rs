@@ -1,0 +1,300 @@
+//! The programs: loading them (reusing pinned maps of the right layout),
+//! carrying peers over from maps an upgrade replaced, the config they read,
+//! where each is attached and where decapsulation runs.
+
+use anyhow::Result;
+use dataplane_common::{
+    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_READY,
+    DataplaneConfig, map_names, program_names,
+};
+
+use super::super::{
+    bpffs::PinDir,
+    conntrack,
+    loader::{self, Attachment, Hook, LoadOptions, Loaded, Replaced, off_runtime},
+    maps::PeerMaps,
+    netlink::Link,
+    trace,
+    types::{DataplaneSpec, DecapChoice, DecapHook, Family, HostRouting, XdpMode},
+};
+use super::devices::{DevicePrograms, Devices};
+use crate::lease::Subnets;
+
+/// The loaded programs and where they are attached.
+pub(crate) struct Programs {
+    pub(crate) loaded: Loaded,
+    pub(crate) attachments: Vec<Attachment>,
+    /// Where decapsulation runs, and why.
+    pub(crate) decap: DecapChoice,
+    /// Forwards the programs' drop trace to the log (`--trace-drops`).
+    trace: Option<trace::DropTrace>,
+}
+
+impl Programs {
+    /// Loads the programs, reusing pinned maps of the right layout; returns
+    /// the pinned maps this load replaced.
+    pub(super) fn load(spec: &DataplaneSpec) -> Result<(Self, Vec<Replaced>)> {
+        let opts = LoadOptions {
+            trace_drops: spec.trace_drops,
+            max_peers: spec.max_peers,
+        };
+        let pins = spec.pins.clone();
+        let mut loaded = off_runtime(move || Loaded::load(&pins, &opts))?;
+        let replaced = loaded.take_replaced();
+        Ok((
+            Self {
+                loaded,
+                attachments: Vec::new(),
+                decap: DecapChoice {
+                    hook: DecapHook::Tc,
+                    why: String::new(),
+                },
+                trace: None,
+            },
+            replaced,
+        ))
+    }
+
+    /// Whether the kernel has conntrack's kfuncs for the programs.
+    pub(crate) fn has_conntrack(&self) -> bool {
+        self.loaded.has_conntrack()
+    }
+
+    /// Attaches the programs to the uplink and the overlay devices.
+    pub(super) fn attach(&mut self, spec: &DataplaneSpec, devices: &Devices) -> Result<()> {
+        let plan = decap_plan(spec.xdp_mode, &devices.uplink);
+        let devs = devices.attachable();
+        let bypass = spec.host_routing != HostRouting::Legacy;
+        let (pins, uplink) = (spec.pins.clone(), spec.uplink.clone());
+        let loaded = &mut self.loaded;
+        let (attachments, decap) =
+            off_runtime(move || attach(loaded, &pins, &uplink, &devs, plan, bypass))?;
+        self.attachments = attachments;
+        self.decap = decap;
+        Ok(())
+    }
+
+    /// Logs where everything is attached.
+    pub(super) fn log(&self, host_routing: HostRouting) {
+        tracing::info!(hook = self.decap.hook.as_str(), why = %self.decap.why, host_routing = host_routing.as_str(), "decapsulation");
+        for a in &self.attachments {
+            tracing::info!(
+                program = a.program,
+                iface = %a.iface,
+                hook = a.hook.name(),
+                xdp_mode = a.xdp_mode.map_or("-", |m| m.as_str()),
+                adopted = a.adopted,
+                "program attached"
+            );
+        }
+    }
+
+    /// Starts forwarding the drop trace to the log, if it was asked for.
+    pub(super) fn start_trace(&mut self) -> Result<()> {
+        if self.loaded.traces_drops() {
+            let loaded = &mut self.loaded;
+            let logger = off_runtime(move || loaded.drop_logger())?;
+            self.trace = Some(trace::DropTrace::start(logger)?);
+        }
+        Ok(())
+    }
+
+    /// Attaches again what is missing (a device was recreated, another
+    /// program replaced ours); returns whether anything was.
+    pub(super) fn heal(
+        &mut self,
+        spec: &DataplaneSpec,
+        devices: &Devices,
+        recreated: bool,
+    ) -> Result<bool> {
+        let device_programs: usize = devices.existing().map(|d| d.programs().len()).sum();
+        let on_devices = self
+            .attachments
+            .iter()
+            .filter(|a| a.iface != spec.uplink)
+            .count();
+        let detached = recreated || device_programs != on_devices || {
+            let (loaded, attachments) = (&mut self.loaded, &self.attachments);
+            // XDP's check asks rtnetlink on a runtime of its own.
+            off_runtime(move || -> Result<bool> {
+                for a in attachments {
+                    if !loaded.is_attached(a)? {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            })?
+        };
+        if detached {
+            self.attach(spec, devices)?;
+        }
+        Ok(detached)
+    }
+}
+
+/// Carries peers over from pinned maps a load replaced (another capacity,
+/// or an older layout with the same entries), so an upgrade keeps
+/// forwarding. Maps whose entries differ are left to be filled from etcd.
+pub(super) fn carry_over(maps: &mut PeerMaps, replaced: Vec<Replaced>) {
+    for r in replaced {
+        if r.name != map_names::PEERS && r.name != map_names::PEERS6 {
+            continue;
+        }
+        match PeerMaps::read_peers(&r.name, r.old) {
+            Ok(peers) => {
+                let n = peers
+                    .values()
+                    .filter(|p| maps.upsert(p, None, false).is_ok())
+                    .count();
+                tracing::info!(
+                    peers = n,
+                    from_version = r.version,
+                    "carried the peers over into the new peer map"
+                );
+            }
+            Err(e) => tracing::warn!(
+                error = %format!("{e:#}"),
+                from_version = r.version,
+                "the replaced peer map cannot be read; its peers come back from etcd"
+            ),
+        }
+    }
+}
+
+/// What the programs read from the config map: our subnets, VTEPs, the
+/// devices and their MTUs, which families are on, and how host routing
+/// runs.
+pub(super) fn config(
+    spec: &DataplaneSpec,
+    subnets: &Subnets,
+    devices: &Devices,
+    has_conntrack: bool,
+) -> DataplaneConfig {
+    let on = |f: Family| f.subnet(subnets).is_some() && spec.vtep(f).is_some();
+    let ct = conntrack::Refresh::read();
+    let v6 = devices.get(Family::V6);
+    DataplaneConfig {
+        subnet4_be: subnets
+            .v4
+            .map_or(0, |s| u32::from_ne_bytes(s.network().octets())),
+        mask4_be: subnets
+            .v4
+            .map_or(0, |s| u32::from_ne_bytes(s.netmask().octets())),
+        subnet6: subnets.v6.map_or([0; 16], |s| s.network().octets()),
+        mask6: subnets.v6.map_or([0; 16], |s| s.netmask().octets()),
+        ct_tcp_timeout_ms: ct.tcp_ms,
+        ct_udp_timeout_ms: ct.udp_ms,
+        ct_tcp_refresh_jiffies: ct.tcp_jiffies,
+        ct_udp_refresh_jiffies: ct.udp_jiffies,
+        ct_udp_unreplied_ms: ct.udp_unreplied_ms,
+        ct_udp_unreplied_refresh_jiffies: ct.udp_unreplied_jiffies,
+        vni: spec.vni,
+        port: spec.port,
+        _pad0: 0,
+        local_addr_be: spec
+            .public_ip
+            .map_or(0, |ip| u32::from_ne_bytes(ip.octets())),
+        uplink_ifindex: devices.uplink.index,
+        uplink_mtu: devices.uplink.mtu,
+        vtep_mac: spec.vtep_mac.0,
+        uplink_mac: devices.uplink.mac,
+        local_addr6: spec.public_ipv6.map_or([0; 16], |ip| ip.octets()),
+        overlay6_ifindex: v6.and_then(|d| d.index).unwrap_or(0),
+        overlay6_mtu: Family::V6.overlay_mtu(spec.underlay_mtu(devices.uplink.mtu)),
+        vtep6_mac: spec.vtep6_mac.0,
+        _pad1: [0; 2],
+        flags: CONFIG_F_READY
+            | if on(Family::V4) { CONFIG_F_IPV4 } else { 0 }
+            | if on(Family::V6) { CONFIG_F_IPV6 } else { 0 }
+            | match spec.host_routing {
+                HostRouting::Legacy => 0,
+                HostRouting::Bpf => CONFIG_F_BYPASS,
+                HostRouting::Auto if has_conntrack => CONFIG_F_BYPASS | CONFIG_F_CT_GATE,
+                // Without conntrack's kfuncs nothing can tell which flows
+                // netfilter would let through unchanged: no bypass.
+                HostRouting::Auto => 0,
+            },
+    }
+}
+
+/// Whether decapsulation will try XDP on `uplink` (which wants GRO on).
+pub(super) fn tries_xdp(mode: XdpMode, uplink: &Link) -> bool {
+    !decap_plan(mode, uplink).0.is_empty()
+}
+
+/// The XDP modes to try for decapsulation (none: TC), and why.
+fn decap_plan(mode: XdpMode, uplink: &Link) -> (Vec<XdpMode>, String) {
+    match mode {
+        XdpMode::Off => (vec![], "--xdp-mode off".into()),
+        XdpMode::Native => (vec![XdpMode::Native], "--xdp-mode native".into()),
+        XdpMode::Generic => (vec![XdpMode::Generic], "--xdp-mode generic".into()),
+        XdpMode::Auto if uplink.kind.as_deref() == Some("veth") => (
+            vec![],
+            "the uplink is a veth: XDP on a veth strips GSO from its peer and copies every frame, TC keeps the large packets".into(),
+        ),
+        XdpMode::Auto => (
+            vec![XdpMode::Native],
+            "native XDP on a device driver: decapsulated before the stack, merged by GRO after".into(),
+        ),
+    }
+}
+
+fn attach(
+    loaded: &mut Loaded,
+    pins: &PinDir,
+    uplink: &str,
+    devices: &[(String, DevicePrograms)],
+    (xdp_modes, why): (Vec<XdpMode>, String),
+    bypass: bool,
+) -> Result<(Vec<Attachment>, DecapChoice)> {
+    let mut out = Vec::new();
+    for (dev, programs) in devices {
+        for (program, hook) in *programs {
+            out.push(loaded.attach_tc(program, dev, *hook)?);
+        }
+    }
+    let xdp = if xdp_modes.is_empty() {
+        None
+    } else {
+        match loaded.attach_xdp(program_names::DECAP_XDP, uplink, &xdp_modes) {
+            Ok(a) => Some(a),
+            // Auto only tries native XDP, and falls back to TC.
+            Err(e) if xdp_modes == [XdpMode::Native] && why.starts_with("native") => {
+                tracing::info!(uplink, error = %format!("{e:#}"), "no native XDP on the uplink; decapsulating in TC");
+                None
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let decap = match xdp {
+        Some(a) => {
+            let hook = match a.xdp_mode {
+                Some(XdpMode::Generic) => DecapHook::XdpGeneric,
+                _ => DecapHook::XdpNative,
+            };
+            out.push(a);
+            // After GRO, XDP-decapsulated frames for local pods go straight
+            // into them (host routing); nothing else needs TC.
+            if bypass {
+                out.push(loaded.attach_tc(program_names::DELIVER, uplink, Hook::TcIngress)?);
+            } else {
+                loader::detach(pins, Hook::TcIngress, uplink)?;
+            }
+            DecapChoice { hook, why }
+        }
+        None => {
+            loader::detach(pins, Hook::Xdp, uplink)?;
+            out.push(loaded.attach_tc(program_names::DECAP_TC, uplink, Hook::TcIngress)?);
+            let why = if xdp_modes.is_empty() {
+                why
+            } else {
+                "the driver has no native XDP".into()
+            };
+            DecapChoice {
+                hook: DecapHook::Tc,
+                why,
+            }
+        }
+    };
+    Ok((out, decap))
+}

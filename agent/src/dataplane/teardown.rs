@@ -1,0 +1,64 @@
+//! `weft teardown`: everything Weft created on a node, removed, and the
+//! host settings it changed, put back.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+
+use super::{
+    bpffs::PinDir,
+    host,
+    loader::{self, off_runtime},
+    netfilter,
+    netlink::Netlink,
+    overlay::{device_name, device6_name},
+};
+
+/// Removes everything Weft created on this node: the programs (links), the
+/// pinned maps, the overlay device and with it its routes, and puts back
+/// the host settings it changed. Safe to run twice; returns what it
+/// removed.
+pub(crate) async fn teardown(pins: &PinDir, vni: u32, state_dir: &Path) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    let nl = Netlink::new()?;
+    let pinned = loader::pinned_links(pins)?;
+    let dev = device_name(vni);
+    for (hook, iface, _) in &pinned {
+        let pins = pins.clone();
+        let (hook, name) = (*hook, iface.clone());
+        if off_runtime(move || loader::detach(&pins, hook, &name))? {
+            removed.push(format!("{} program on {iface}", hook.name()));
+        }
+    }
+    // Weft routes go with the device; remove any left on other devices.
+    for r in nl.weft_routes().await? {
+        nl.del_route(&r).await?;
+        removed.push(format!("route {}/{}", r.dst, r.prefix_len));
+    }
+    for dev in [dev, device6_name(vni)] {
+        if nl.delete_link(&dev).await? {
+            removed.push(format!("device {dev}"));
+        }
+    }
+    let mut dirs: Vec<std::path::PathBuf> = vec![pins.maps()];
+    dirs.extend(pins.other_map_versions().into_iter().map(|(_, d)| d));
+    for maps_dir in dirs {
+        if !maps_dir.exists() {
+            continue;
+        }
+        for e in std::fs::read_dir(&maps_dir)
+            .with_context(|| format!("reading {}", maps_dir.display()))?
+        {
+            let e = e?;
+            std::fs::remove_file(e.path())
+                .with_context(|| format!("removing {}", e.path().display()))?;
+            removed.push(format!("map {}", e.file_name().to_string_lossy()));
+        }
+        let _ = std::fs::remove_dir(&maps_dir);
+    }
+    let _ = std::fs::remove_dir(pins.links());
+    removed.extend(netfilter::remove()?);
+    removed.extend(host::restore(state_dir)?);
+    PinDir::unannounce(state_dir);
+    Ok(removed)
+}
