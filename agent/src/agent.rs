@@ -624,6 +624,7 @@ impl Agent {
                 .holder
                 .conflict()
                 .map(|c| report::IpConflict { node: c.node }),
+            pid: Some(std::process::id()),
             rejected: self
                 .view
                 .rejected()

@@ -32,6 +32,8 @@ mod node;
 mod pods;
 #[cfg(feature = "agent")]
 mod report;
+#[cfg(feature = "agent")]
+mod sys;
 
 #[cfg(feature = "agent")]
 use std::process::ExitCode;

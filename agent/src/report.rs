@@ -44,6 +44,10 @@ pub(crate) struct Report {
     /// Another live node that claims this node's public IP.
     #[serde(default)]
     pub(crate) conflict: Option<IpConflict>,
+    /// The agent's process id (`weft doctor` compares its mount namespace
+    /// with the host's).
+    #[serde(default)]
+    pub(crate) pid: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,7 +5,9 @@
 use std::{path::Path, time::Duration};
 
 use weft_tests::{
-    agent::weft_bin,
+    agent::{Agent, weft_bin},
+    cluster::Node,
+    dual::{DUAL, DualCluster},
     weft_cluster::{ETCD_IP, WeftCluster, WeftNode},
 };
 
@@ -14,16 +16,19 @@ const T: Duration = Duration::from_secs(30);
 /// Runs `weft doctor` in `n`'s namespace with its paths; returns (exit ok,
 /// stdout + stderr).
 fn doctor(n: &WeftNode, cni_dir: &Path) -> (bool, String) {
-    let out = n
-        .node
+    run_doctor(&n.node, n.pins.path(), &n.agent, cni_dir)
+}
+
+fn run_doctor(node: &Node, pins: &Path, agent: &Agent, cni_dir: &Path) -> (bool, String) {
+    let out = node
         .ns
         .command(weft_bin().to_str().unwrap())
         .args(["doctor", "--bpffs-dir"])
-        .arg(n.pins.path())
+        .arg(pins)
         .arg("--state-dir")
-        .arg(n.agent.state_dir())
+        .arg(agent.state_dir())
         .arg("--subnet-file")
-        .arg(n.agent.subnet_file())
+        .arg(agent.subnet_file())
         .args(["--etcd-endpoints", &format!("http://{ETCD_IP}:2379")])
         .arg("--cni-conf-dir")
         .arg(cni_dir)
@@ -187,9 +192,38 @@ fn doctor_finds_what_is_broken() {
     fails(n, &cni_dir, "cni", "no network config");
     install_cni();
 
-    // Pins on a private mount (a bpffs of a container's own).
+    // A private mount alone breaks nothing: the agent (in a mount
+    // namespace of its own: `ip netns exec` gives it one) still has the
+    // host's bpffs under its pins.
     propagation("--make-private");
-    fails(n, &cni_dir, "bpffs", "is a private mount");
+    let (_, text) = doctor(n, &cni_dir);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("ok    bpffs") && l.contains("has the host's bpffs")),
+        "{text}"
+    );
+    // Pins on a bpffs of the agent's own mount namespace (a container that
+    // mounted its own): they do not reach the host.
+    let report = std::fs::read_to_string(n.agent.state_dir().join("status.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let pid = v["pid"]
+        .as_u64()
+        .expect("the report names the agent's pid")
+        .to_string();
+    let pins = n.pins.path().to_str().unwrap();
+    let in_agent_ns = |args: &[&str]| {
+        let mut all = vec!["-t", pid.as_str(), "-m", "--"];
+        all.extend(args);
+        weft_tests::proc::run("nsenter", &all).unwrap();
+    };
+    in_agent_ns(&["mount", "-t", "bpf", "bpf", pins]);
+    fails(
+        n,
+        &cni_dir,
+        "bpffs",
+        "on a bpffs of its own mount namespace",
+    );
+    in_agent_ns(&["umount", pins]);
     propagation("--make-shared");
 
     // Everything put back: healthy again.
@@ -199,6 +233,117 @@ fn doctor_finds_what_is_broken() {
     n.weft(&["teardown"]).unwrap();
     let (ok, text) = doctor(n, &cni_dir);
     assert!(!ok && text.contains("FAIL  datapath"), "{text}");
+    n.agent.resume();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A dual-stack node: both families' programs, devices and MTUs are
+/// checked, IPv6 peers are probed through the IPv6 overlay, and what breaks
+/// only IPv6 fails only IPv6's checks.
+#[test]
+fn doctor_checks_both_families() {
+    let c = DualCluster::new(2, DUAL, &[]).unwrap();
+    c.wait_meshed(T);
+    let n = &c.nodes[0];
+    weft_tests::proc::run("mount", &["--make-shared", n.pins.path().to_str().unwrap()]).unwrap();
+    let dir = std::env::temp_dir().join(weft_tests::unique("weft-doctor6-"));
+    let cni_dir = dir.join("net.d");
+    let (ok, _, err) = weft_tests::agent::weft(&[
+        "install-cni",
+        "--bin-dir",
+        dir.join("bin").to_str().unwrap(),
+        "--conf-dir",
+        cni_dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let run = || run_doctor(&n.node, n.pins.path(), &n.agent, &cni_dir);
+    let (ok, text) = run();
+    println!("--- dual-stack, healthy:\n{text}");
+    assert!(
+        ok && !text.contains("FAIL"),
+        "a healthy dual-stack node passes:\n{text}"
+    );
+    for saw in [
+        "weft_encap on weft.1",
+        "weft_encap6 on weft-v6.1",
+        "weft.1 1450, weft-v6.1 1430",
+        "subnet.env 1430",
+    ] {
+        assert!(text.contains(saw), "{saw:?}:\n{text}");
+    }
+    let v6_peer = c.nodes[1].subnets.v6.unwrap();
+    let v4_peer = c.nodes[1].subnets.v4.unwrap();
+    let answered = |text: &str, subnet: &str| {
+        text.lines().any(|l| {
+            l.starts_with("ok    peers")
+                && l.contains(&format!("peer {subnet} "))
+                && l.contains("-byte probe")
+                && l.contains("answered")
+        })
+    };
+    assert!(
+        answered(&text, &v6_peer.to_string()),
+        "the IPv6 peer is probed:\n{text}"
+    );
+    assert!(
+        answered(&text, &v4_peer.to_string()),
+        "the IPv4 peer is probed:\n{text}"
+    );
+
+    // VXLAN over IPv6 blocked on the underlay: the IPv6 peer fails, the
+    // IPv4 one still answers.
+    let switch = &c.underlay.ns;
+    switch
+        .exec("nft", &["add", "table", "bridge", "doctor6"])
+        .unwrap();
+    switch
+        .exec(
+            "nft",
+            &[
+                "add",
+                "chain",
+                "bridge",
+                "doctor6",
+                "vxlan6_block",
+                "{ type filter hook forward priority 0; policy accept; ip6 nexthdr udp udp dport 8472 drop; }",
+            ],
+        )
+        .unwrap();
+    let (ok, text) = run();
+    println!("--- VXLAN over IPv6 blocked:\n{text}");
+    assert!(!ok, "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("FAIL  peers")
+            && l.contains(&format!("peer {v6_peer} "))
+            && l.contains("no answer through UDP 8472")),
+        "{text}"
+    );
+    assert!(answered(&text, &v4_peer.to_string()), "{text}");
+    switch
+        .exec("nft", &["delete", "table", "bridge", "doctor6"])
+        .unwrap();
+
+    // The IPv6 overlay MTU set as flannel would (50 bytes below the
+    // underlay): too big for VXLAN over IPv6.
+    n.agent.pause();
+    n.node
+        .ns
+        .ip(&["link", "set", "weft-v6.1", "mtu", "1450"])
+        .unwrap();
+    let (ok, text) = run();
+    println!("--- IPv6 overlay MTU 1450:\n{text}");
+    assert!(!ok, "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("FAIL  mtu")
+            && l.contains(
+                "weft-v6.1 overlay MTU 1450 + 70 bytes of VXLAN exceeds the uplink's 1500"
+            )),
+        "{text}"
+    );
+    n.node
+        .ns
+        .ip(&["link", "set", "weft-v6.1", "mtu", "1430"])
+        .unwrap();
     n.agent.resume();
     let _ = std::fs::remove_dir_all(&dir);
 }

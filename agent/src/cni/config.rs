@@ -184,7 +184,7 @@ impl NetConf {
                 format!("bridge {bridge:?} is not an interface name"),
             ));
         }
-        if let Ok(driver) = crate::dataplane::driver(&bridge)
+        if let Ok(driver) = crate::sys::ethtool::driver(&bridge)
             && driver != "bridge"
         {
             return Err(CniError::new(

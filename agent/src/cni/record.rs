@@ -181,12 +181,12 @@ fn ifindex(name: &str) -> Option<u32> {
 /// Whether `iface` is a bridge (asked of its driver: sysfs may belong to
 /// another network namespace than the plugin's).
 fn is_bridge(iface: &str) -> bool {
-    crate::dataplane::driver(iface).is_ok_and(|d| d == "bridge")
+    crate::sys::ethtool::driver(iface).is_ok_and(|d| d == "bridge")
 }
 
 /// Whether `iface` can be the host side of a pod's device: a veth.
 fn is_pod_device(iface: &str) -> bool {
-    crate::dataplane::driver(iface).is_ok_and(|d| d == "veth")
+    crate::sys::ethtool::driver(iface).is_ok_and(|d| d == "veth")
 }
 
 fn sys_mac(iface: &str) -> Option<MacAddr> {

@@ -6,17 +6,12 @@
 //! several agents in network namespaces on one host need one each.
 
 use std::{
-    ffi::CString,
-    io,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use dataplane_common::LAYOUT_VERSION;
-
-/// `BPF_FS_MAGIC` from linux/magic.h.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// The file in the agent's state directory that names its pin directory.
 const ANNOUNCED: &str = "bpffs-dir";
@@ -105,7 +100,7 @@ impl PinDir {
         std::fs::create_dir_all(&self.root)
             .with_context(|| format!("creating the pin directory {}", self.root.display()))?;
         if !is_bpffs(&self.root)? {
-            mount_bpffs(&self.root)?;
+            crate::sys::fs::mount_bpffs(&self.root)?;
             tracing::info!(dir = %self.root.display(), "mounted a bpf filesystem for the agent's pins");
         }
         for dir in [self.maps(), self.links()] {
@@ -122,43 +117,5 @@ impl PinDir {
 
 /// Whether `path` lies on a bpf filesystem.
 pub fn is_bpffs(path: &Path) -> Result<bool> {
-    let c = CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: statfs is plain old data; all zeroes is a valid value.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid C string and a valid, writable statfs.
-    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error())
-            .with_context(|| format!("statfs {}", path.display()));
-    }
-    #[allow(clippy::unnecessary_cast)]
-    Ok(st.f_type as i64 == BPF_FS_MAGIC)
-}
-
-fn mount_bpffs(path: &Path) -> Result<()> {
-    let target = CString::new(path.as_os_str().as_bytes())?;
-    let fstype = CString::new("bpf")?;
-    // SAFETY: plain mount(2) with valid C strings.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EPERM) {
-            bail!(
-                "mounting a bpf filesystem at {} was refused: the agent needs root (or CAP_SYS_ADMIN), or mount one there first (`mount -t bpf bpf {}`)",
-                path.display(),
-                path.display()
-            );
-        }
-        return Err(err)
-            .with_context(|| format!("mounting a bpf filesystem at {}", path.display()));
-    }
-    Ok(())
+    crate::sys::fs::is_bpffs(path)
 }

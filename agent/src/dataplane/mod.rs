@@ -10,7 +10,6 @@
 mod bpffs;
 mod conntrack;
 mod endpoints;
-mod ethtool;
 mod events;
 mod host;
 mod kfuncs;
@@ -44,7 +43,6 @@ pub use overlay::{Healed, Overlay, device_name, device6_name};
 pub use types::*;
 
 pub(crate) use conntrack::LiberalStats;
-pub(crate) use ethtool::{driver, gro, tx_checksum};
 pub(crate) use events::watch as watch_changes;
 pub(crate) use loader::{pinned_links, pinned_program};
 pub(crate) use netlink::{Link, Netlink};

@@ -128,7 +128,7 @@ impl Overlay {
         let devices = Devices::setup(&nl, &spec, subnets).await?;
         host::apply(&spec.uplink, &spec.state_dir, subnets.v6.is_some())?;
         if programs::tries_xdp(spec.xdp_mode, &devices.uplink) {
-            match super::ethtool::ensure_gro(&spec.uplink) {
+            match crate::sys::ethtool::ensure_gro(&spec.uplink) {
                 Ok(true) => tracing::info!(uplink = %spec.uplink, "turned GRO on for the uplink"),
                 Ok(false) => {}
                 Err(e) => {

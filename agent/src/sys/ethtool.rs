@@ -1,4 +1,5 @@
-//! The one ethtool setting the datapath needs: GRO on the uplink; and a
+//! `SIOCETHTOOL`: the one setting the datapath needs, GRO on the uplink;
+//! what `weft doctor` reads (GRO, transmit checksum offload); and a
 //! device's driver (which tells a veth from a bridge, in any mount
 //! namespace, unlike sysfs).
 //!
@@ -99,7 +100,7 @@ fn raw(iface: &str, data: *mut libc::c_void) -> Result<()> {
 }
 
 /// Turns GRO on for `iface`; returns whether it was off.
-pub(super) fn ensure_gro(iface: &str) -> Result<bool> {
+pub(crate) fn ensure_gro(iface: &str) -> Result<bool> {
     if ioctl(iface, ETHTOOL_GGRO, 0)? != 0 {
         return Ok(false);
     }

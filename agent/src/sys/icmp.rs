@@ -1,0 +1,345 @@
+//! One ICMP echo, either family, from a raw socket: what `weft doctor`
+//! probes peers with. The probe has the don't-fragment rule set (IPv4: DF;
+//! IPv6 never fragments on the way), so a full-size probe that a path
+//! cannot carry comes back as "fragmentation needed" / "packet too big" or
+//! not at all.
+
+use std::{
+    io,
+    mem::size_of,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+const IPV4_HEADER: usize = 20;
+const IPV6_HEADER: usize = 40;
+const ECHO_REQUEST4: u8 = 8;
+const ECHO_REPLY4: u8 = 0;
+const UNREACHABLE4: u8 = 3;
+const FRAG_NEEDED4: u8 = 4;
+const ECHO_REQUEST6: u8 = 128;
+const ECHO_REPLY6: u8 = 129;
+const TOO_BIG6: u8 = 2;
+
+/// Sends one ICMP echo of `size` bytes on the wire (IP header included)
+/// to `to` and waits up to `timeout` for its answer; returns the round
+/// trip.
+pub(crate) fn echo(to: IpAddr, size: usize, timeout: Duration) -> Result<Duration> {
+    let sock = Socket::open(to)?;
+    let id = (std::process::id() & 0xffff) as u16;
+    let seq = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| (d.subsec_nanos() >> 10) as u16);
+    let header = if to.is_ipv4() {
+        IPV4_HEADER
+    } else {
+        IPV6_HEADER
+    };
+    let pkt = request(to.is_ipv6(), id, seq, size.saturating_sub(header).max(8));
+    let started = Instant::now();
+    sock.send_to(&pkt, to)?;
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            bail!("no answer within {timeout:?}");
+        }
+        let Some((n, from)) = sock.recv_from(&mut buf, left)? else {
+            bail!("no answer within {timeout:?}");
+        };
+        match answer(to, &buf[..n], from, id, seq) {
+            Answer::Reply => return Ok(started.elapsed()),
+            Answer::TooBig => bail!("fragmentation needed on the way"),
+            Answer::Other => continue,
+        }
+    }
+}
+
+/// An echo request's ICMP message (`len` bytes). IPv4's checksum is ours
+/// to fill; the kernel fills ICMPv6's (it covers a pseudo-header).
+fn request(v6: bool, id: u16, seq: u16, len: usize) -> Vec<u8> {
+    let mut pkt = vec![0u8; len];
+    pkt[0] = if v6 { ECHO_REQUEST6 } else { ECHO_REQUEST4 };
+    pkt[4..6].copy_from_slice(&id.to_be_bytes());
+    pkt[6..8].copy_from_slice(&seq.to_be_bytes());
+    if !v6 {
+        let csum = checksum(&pkt);
+        pkt[2..4].copy_from_slice(&csum.to_be_bytes());
+    }
+    pkt
+}
+
+enum Answer {
+    Reply,
+    TooBig,
+    Other,
+}
+
+/// What a received message says about our probe to `to`. An IPv4 raw
+/// socket hands back the IP header too; an IPv6 one, the ICMPv6 message
+/// alone.
+fn answer(to: IpAddr, msg: &[u8], from: IpAddr, id: u16, seq: u16) -> Answer {
+    let icmp = match to {
+        IpAddr::V4(_) => {
+            let ihl = usize::from(msg.first().copied().unwrap_or(0) & 0x0f) * 4;
+            match msg.get(ihl..) {
+                Some(m) if ihl >= IPV4_HEADER => m,
+                _ => return Answer::Other,
+            }
+        }
+        IpAddr::V6(_) => msg,
+    };
+    if icmp.len() < 8 {
+        return Answer::Other;
+    }
+    let ours = icmp[4..6] == id.to_be_bytes() && icmp[6..8] == seq.to_be_bytes();
+    match (to, icmp[0], icmp[1]) {
+        (IpAddr::V4(_), ECHO_REPLY4, _) | (IpAddr::V6(_), ECHO_REPLY6, _) => {
+            if ours && from == to {
+                Answer::Reply
+            } else {
+                Answer::Other
+            }
+        }
+        (IpAddr::V4(_), UNREACHABLE4, FRAG_NEEDED4) | (IpAddr::V6(_), TOO_BIG6, _) => {
+            Answer::TooBig
+        }
+        _ => Answer::Other,
+    }
+}
+
+/// The Internet checksum (RFC 1071).
+fn checksum(b: &[u8]) -> u16 {
+    let mut sum: u32 = b
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A raw ICMP (or ICMPv6) socket that does not fragment.
+struct Socket {
+    fd: OwnedFd,
+    v6: bool,
+}
+
+impl Socket {
+    fn open(to: IpAddr) -> Result<Self> {
+        let (domain, proto) = match to {
+            IpAddr::V4(_) => (libc::AF_INET, libc::IPPROTO_ICMP),
+            IpAddr::V6(_) => (libc::AF_INET6, libc::IPPROTO_ICMPV6),
+        };
+        // SAFETY: socket(2) with constant arguments; the result is checked.
+        let fd = unsafe { libc::socket(domain, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error()).context("a raw ICMP socket (root needed)");
+        }
+        // SAFETY: fd is a new, valid descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let s = Self {
+            fd,
+            v6: to.is_ipv6(),
+        };
+        if s.v6 {
+            s.set(
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            )?;
+        } else {
+            s.set(
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            )?;
+        }
+        Ok(s)
+    }
+
+    fn set(&self, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> Result<()> {
+        self.set_raw(level, name, &value)
+    }
+
+    fn set_raw<T>(&self, level: libc::c_int, name: libc::c_int, value: &T) -> Result<()> {
+        // SAFETY: `value` is valid for reads of size_of::<T>() bytes.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                level,
+                name,
+                (value as *const T).cast(),
+                size_of::<T>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error()).context("setsockopt on the ICMP socket");
+        }
+        Ok(())
+    }
+
+    fn send_to(&self, pkt: &[u8], to: IpAddr) -> Result<()> {
+        let (addr, len) = sockaddr(to);
+        // SAFETY: pkt is valid for its length; addr is a sockaddr of the
+        // family the socket has, valid for `len` bytes.
+        let sent = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                pkt.as_ptr().cast(),
+                pkt.len(),
+                0,
+                (&addr as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error()).context("sending the probe");
+        }
+        Ok(())
+    }
+
+    /// One message and its source, or None when `wait` passes first.
+    fn recv_from(&self, buf: &mut [u8], wait: Duration) -> Result<Option<(usize, IpAddr)>> {
+        let tv = libc::timeval {
+            tv_sec: wait.as_secs() as _,
+            tv_usec: wait.subsec_micros().max(1) as _,
+        };
+        self.set_raw(libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+        loop {
+            // SAFETY: all zeroes is a valid sockaddr_storage.
+            let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            // SAFETY: buf is valid for writes of its length; from and len
+            // describe a writable sockaddr_storage.
+            let n = unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                    (&mut from as *mut libc::sockaddr_storage).cast(),
+                    &mut len,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => return Ok(None),
+                    _ => return Err(e).context("receiving on the ICMP socket"),
+                }
+            }
+            return Ok(Some((n as usize, source(&from))));
+        }
+    }
+}
+
+/// `to` as a socket address of its family, and its length.
+fn sockaddr(to: IpAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all zeroes is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match to {
+        IpAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: 0,
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than, and aligned for,
+            // sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        IpAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: 0,
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: sockaddr_storage is larger than, and aligned for,
+            // sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// The address in a received sockaddr (unspecified if of another family).
+fn source(ss: &libc::sockaddr_storage) -> IpAddr {
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in (its family says so).
+            let sin: &libc::sockaddr_in = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            IpAddr::V4(Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the kernel wrote a sockaddr_in6 (its family says so).
+            let sin6: &libc::sockaddr_in6 =
+                unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+        }
+        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn icmp_checksum() {
+        // An echo request with id 1, seq 1 and no payload.
+        let mut p = vec![8, 0, 0, 0, 0, 1, 0, 1];
+        let c = checksum(&p);
+        p[2..4].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(checksum(&p), 0);
+        assert_eq!(c, 0xf7fd);
+        assert_eq!(request(false, 1, 1, 8), p);
+    }
+
+    #[test]
+    fn answers_are_matched_to_the_probe() {
+        let to6: IpAddr = "fd00::1".parse().unwrap();
+        let reply6 = [ECHO_REPLY6, 0, 0, 0, 0, 7, 0, 9];
+        assert!(matches!(answer(to6, &reply6, to6, 7, 9), Answer::Reply));
+        assert!(matches!(answer(to6, &reply6, to6, 7, 10), Answer::Other));
+        let other: IpAddr = "fd00::2".parse().unwrap();
+        assert!(matches!(answer(to6, &reply6, other, 7, 9), Answer::Other));
+        assert!(matches!(
+            answer(to6, &[TOO_BIG6, 0, 0, 0, 0, 0, 5, 0xdc], other, 7, 9),
+            Answer::TooBig
+        ));
+        // IPv4: the IP header comes first.
+        let to4: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut reply4 = vec![0x45u8];
+        reply4.extend([0; 19]);
+        reply4.extend([ECHO_REPLY4, 0, 0, 0, 0, 7, 0, 9]);
+        assert!(matches!(answer(to4, &reply4, to4, 7, 9), Answer::Reply));
+        assert!(matches!(
+            answer(to4, &reply4[..24], to4, 7, 9),
+            Answer::Other
+        ));
+    }
+
+    #[test]
+    fn loopback_answers() {
+        // A real raw socket (the tests run as root).
+        let rtt = echo("127.0.0.1".parse().unwrap(), 84, Duration::from_secs(2)).unwrap();
+        assert!(rtt < Duration::from_secs(2));
+        let e = echo("127.0.0.1".parse().unwrap(), 70_000, Duration::from_secs(1));
+        assert!(e.is_err(), "a probe larger than any IP packet is refused");
+    }
+}
