@@ -77,6 +77,9 @@ struct Agent {
     ip_masq: bool,
     /// rtnetlink reported a change: check the dataplane now.
     changed: Arc<tokio::sync::Notify>,
+    /// While a lost lease is acquired again, beside the loop: the subnets
+    /// held before.
+    relocating: Option<Option<Subnets>>,
 }
 
 pub(crate) async fn run(args: AgentArgs) -> Result<()> {
@@ -194,7 +197,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     };
     let me = Identity {
         node_id: node_id.clone(),
-        public_ip: public_ip.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+        public_ip,
         public_ipv6,
     };
     let dataplane = match (args.datapath, uplink) {
@@ -255,6 +258,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         endpoints_rejected: Vec::new(),
         ip_masq: args.ip_masq,
         changed: Arc::new(tokio::sync::Notify::new()),
+        relocating: None,
     };
     let events = match args.datapath {
         DatapathKind::Ebpf => Some(crate::dataplane::watch_changes(agent.changed.clone())?),
@@ -299,13 +303,11 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
 /// What this node writes into its lease: its IPv4 VTEP, its IPv6 VTEP, or
 /// both.
 fn lease_value(me: &Identity, vni: u32, mac: MacAddr, mac6: MacAddr) -> LeaseAttrs {
-    match (me.public_ip.is_unspecified(), me.public_ipv6) {
-        (false, None) => LeaseAttrs::vxlan(me.public_ip, vni, mac, &me.node_id),
-        (false, Some(v6)) => {
-            LeaseAttrs::vxlan(me.public_ip, vni, mac, &me.node_id).with_v6(v6, vni, mac6)
-        }
-        (true, Some(v6)) => LeaseAttrs::vxlan_v6_only(v6, vni, mac6, &me.node_id),
-        (true, None) => LeaseAttrs::vxlan(me.public_ip, vni, mac, &me.node_id),
+    match (me.public_ip, me.public_ipv6) {
+        (Some(v4), None) => LeaseAttrs::vxlan(v4, vni, mac, &me.node_id),
+        (Some(v4), Some(v6)) => LeaseAttrs::vxlan(v4, vni, mac, &me.node_id).with_v6(v6, vni, mac6),
+        (None, Some(v6)) => LeaseAttrs::vxlan_v6_only(v6, vni, mac6, &me.node_id),
+        (None, None) => LeaseAttrs::vxlan(std::net::Ipv4Addr::UNSPECIFIED, vni, mac, &me.node_id),
     }
 }
 
@@ -347,12 +349,40 @@ fn retry_interval(args: &AgentArgs) -> Duration {
 
 impl Agent {
     /// The event loop: lease events, lease expiry, a tick for retries and
-    /// checks, signals.
+    /// checks, signals. Acquiring a lease again after a loss runs on a task
+    /// of its own (it may wait long: a full pool, etcd away), so nothing
+    /// here ever waits for it.
     async fn run(
         &mut self,
         mut watch_rx: mpsc::Receiver<LeaseEvent>,
         mut listener: cni::Listener,
         store: &EtcdStore,
+    ) -> Result<()> {
+        // The TLS files as the current connection read them.
+        let mut tls_files = store.options().tls_files_digest();
+        let mut acquiring: Option<tokio::task::JoinHandle<HeldLease>> = None;
+        let r = self
+            .serve(
+                &mut acquiring,
+                &mut watch_rx,
+                &mut listener,
+                store,
+                &mut tls_files,
+            )
+            .await;
+        if let Some(a) = acquiring {
+            a.abort();
+        }
+        r
+    }
+
+    async fn serve(
+        &mut self,
+        acquiring: &mut Option<tokio::task::JoinHandle<HeldLease>>,
+        watch_rx: &mut mpsc::Receiver<LeaseEvent>,
+        listener: &mut cni::Listener,
+        store: &EtcdStore,
+        tls_files: &mut Option<u64>,
     ) -> Result<()> {
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;
@@ -362,8 +392,6 @@ impl Agent {
         let mut ticks: u64 = 0;
         let changed = self.changed.clone();
         let mut heal_at: Option<tokio::time::Instant> = None;
-        // The TLS files as the current connection read them.
-        let mut tls_files = store.options().tls_files_digest();
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -379,7 +407,7 @@ impl Agent {
                         self.heal().await;
                     }
                     if ticks.is_multiple_of(TLS_CHECK_TICKS) {
-                        reload_tls(store, &mut tls_files).await;
+                        reload_tls(store, tls_files).await;
                     }
                     self.report();
                 }
@@ -422,11 +450,21 @@ impl Agent {
                         }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    self.on_lease_events(batch).await?;
+                    if let Some(lost) = self.on_lease_events(batch).await?
+                        && acquiring.is_none()
+                    {
+                        *acquiring = Some(self.relocate(&lost.why, lost.to.as_deref()));
+                    }
                     self.report();
                 }
-                () = self.holder.expired() => {
-                    self.relocate("etcd expired our lease", None).await?;
+                () = self.holder.expired(), if acquiring.is_none() => {
+                    *acquiring = Some(self.relocate("etcd expired our lease", None));
+                    self.report();
+                }
+                held = async { acquiring.as_mut().expect("guarded").await }, if acquiring.is_some() => {
+                    *acquiring = None;
+                    let held = held.context("acquiring a subnet again")?;
+                    self.relocated(held).await?;
                     self.report();
                 }
                 _ = sighup.recv() => {
@@ -448,7 +486,9 @@ impl Agent {
         }
     }
 
-    async fn on_lease_events(&mut self, batch: Vec<LeaseEvent>) -> Result<()> {
+    /// Applies a batch of lease events; returns our loss, if the batch
+    /// says our lease is gone.
+    async fn on_lease_events(&mut self, batch: Vec<LeaseEvent>) -> Result<Option<lease::Lost>> {
         let out = self.view.apply(batch);
         // A batch that fails part-way (netlink not answering) stops nothing:
         // the map entries are in, and the periodic check puts in the routes
@@ -456,15 +496,12 @@ impl Agent {
         if let Err(e) = self.apply(&out.updates).await {
             tracing::error!(error = %format!("{e:#}"), "applying lease changes failed part-way; the dataplane check repairs what is missing");
         }
-        if let Some(lost) = out.lost {
-            self.relocate(&lost.why, lost.to.as_deref()).await?;
-        }
         if let Some(revision) = out.synced {
             self.dataplane.synced(revision).await?;
             self.synced = true;
             self.metrics.set_peers(self.dataplane.peer_count() as u64);
         }
-        Ok(())
+        Ok(out.lost)
     }
 
     /// Puts back what something else removed from the dataplane, counts
@@ -664,13 +701,21 @@ impl Agent {
     }
 
     /// Our lease is gone: go back through the fenced path (the same subnet
-    /// if it is still free, else a new one) and move the dataplane there.
-    async fn relocate(&mut self, why: &str, to: Option<&str>) -> Result<()> {
+    /// if it is still free, else a new one), on a task of its own. Until
+    /// it holds one, the dataplane keeps the old subnet and goes on
+    /// following the peers, and the node is not ready.
+    fn relocate(&mut self, why: &str, to: Option<&str>) -> tokio::task::JoinHandle<HeldLease> {
         self.metrics.set_ready(false);
         let old = self.holder.lose(why, to);
-        let held = self.holder.acquire(old).await;
+        self.relocating = Some(old);
+        tokio::spawn(self.holder.acquisition(old).run())
+    }
+
+    /// The acquisition after a loss holds `held`: move the dataplane there.
+    async fn relocated(&mut self, held: HeldLease) -> Result<()> {
+        self.holder.install(held.clone());
         self.took(&held).await?;
-        if let Some(old) = old
+        if let Some(Some(old)) = self.relocating.take()
             && old != held.subnet
         {
             // Only the halves that changed leave pods behind.

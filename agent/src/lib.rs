@@ -25,8 +25,6 @@ pub mod mac;
 #[cfg(feature = "agent")]
 mod metrics;
 #[cfg(feature = "agent")]
-mod net;
-#[cfg(feature = "agent")]
 mod node;
 #[cfg(feature = "agent")]
 mod pods;

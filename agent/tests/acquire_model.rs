@@ -344,12 +344,11 @@ fn start(node: &mut Node, cfg: &NetworkConfig) {
     node.held = None;
     node.running = Some(Box::pin(async move {
         let mac = MacAddr::derived(me.node_id.as_bytes());
-        let value = match me.public_ipv6 {
-            None => LeaseAttrs::vxlan(me.public_ip, 1, mac, &me.node_id),
-            Some(v6) if me.public_ip.is_unspecified() => {
-                LeaseAttrs::vxlan_v6_only(v6, 1, mac, &me.node_id)
-            }
-            Some(v6) => LeaseAttrs::vxlan(me.public_ip, 1, mac, &me.node_id).with_v6(v6, 1, mac),
+        let value = match (me.public_ip, me.public_ipv6) {
+            (Some(v4), None) => LeaseAttrs::vxlan(v4, 1, mac, &me.node_id),
+            (None, Some(v6)) => LeaseAttrs::vxlan_v6_only(v6, 1, mac, &me.node_id),
+            (Some(v4), Some(v6)) => LeaseAttrs::vxlan(v4, 1, mac, &me.node_id).with_v6(v6, 1, mac),
+            (None, None) => unreachable!("a node has a VTEP of some family"),
         };
         let req = AcquireRequest {
             subnets_prefix: PREFIX,
@@ -628,9 +627,9 @@ fn run(
             let v4 = Ipv4Addr::new(198, 18, 0, k);
             let v6: Ipv6Addr = format!("fd00:18::{k}").parse().unwrap();
             let (public_ip, public_ipv6) = match families {
-                Families::V4 => (v4, None),
-                Families::Dual => (v4, Some(v6)),
-                Families::V6 => (Ipv4Addr::UNSPECIFIED, Some(v6)),
+                Families::V4 => (Some(v4), None),
+                Families::Dual => (Some(v4), Some(v6)),
+                Families::V6 => (None, Some(v6)),
             };
             Node {
                 store: MemStore {

@@ -113,3 +113,83 @@ fn a_lost_subnet_taken_by_another_node_is_programmed_and_the_old_pods_hold_readi
         .unwrap();
     assert_eq!(leases.lines().filter(|l| !l.is_empty()).count(), 3);
 }
+
+/// Acquiring again after a loss runs beside the event loop: a node whose
+/// lease is gone while the pool is full goes on following the peers (one
+/// leaving, one joining), is not ready, and exits promptly on SIGTERM.
+#[test]
+fn a_node_acquiring_again_goes_on_serving() {
+    // Three subnets: 10.250.1.0/24 to 10.250.3.0/24.
+    let config = r#"{"Network":"10.250.0.0/22","Backend":{"Type":"vxlan"}}"#;
+    let mut c = WeftCluster::with_config(0, config, &[]).unwrap();
+    // The retry after "out of subnets" comes long after this test.
+    c.add_node(1, &["--retry-interval", "600"]).unwrap();
+    c.add_node(2, &[]).unwrap();
+    c.wait_meshed(T);
+    let (mine, theirs) = (c.nodes[0].subnet, c.nodes[1].subnet);
+    let free = (1..=3u8)
+        .map(|i| Ipv4Net::new(std::net::Ipv4Addr::new(10, 250, i, 0), 24).unwrap())
+        .find(|s| *s != mine && *s != theirs)
+        .unwrap();
+    let key = |s: Ipv4Net| format!("{PREFIX}/subnets/{}", weft::lease::to_key(&s));
+    // The pool fills (an operator reserves the free subnet), and node 1's
+    // subnet is reserved for another machine: node 1 has lost its lease
+    // and finds none free.
+    c.etcd
+        .etcdctl(&["put", &key(free), r#"{"PublicIP":"198.18.0.8"}"#])
+        .unwrap();
+    c.etcd
+        .etcdctl(&["put", &key(mine), r#"{"PublicIP":"198.18.0.9"}"#])
+        .unwrap();
+    let n1 = &c.nodes[0];
+    eventually("node 1 lost its lease and finds the pool full", T, || {
+        (n1.metric("weft_lease_held") == 0.0
+            && n1.metric("weft_lease_lost_total") >= 1.0
+            && n1.metric("weft_out_of_subnets_total") >= 1.0)
+            .then_some(())
+    });
+    let ready = |n: &weft_tests::weft_cluster::WeftNode| {
+        http_get(&n.node.ns, n.node.ip, 9090, "/readyz")
+            .map(|(s, _)| s.contains("200"))
+            .unwrap_or(false)
+    };
+    assert!(!ready(n1), "not ready without a lease");
+
+    // Node 2 leaves (stopped, its key deleted) and a node joins on its
+    // subnet: node 1, still acquiring, follows both.
+    c.nodes[1].agent.stop().unwrap();
+    c.etcd.etcdctl(&["del", &key(theirs)]).unwrap();
+    let n1 = &c.nodes[0];
+    let vtep_of = |s: Ipv4Net| {
+        weft::dataplane::PeerMaps::open(n1.pins.pins())
+            .unwrap()
+            .get(&s.into())
+            .unwrap()
+            .map(|p| p.vtep)
+    };
+    eventually("node 1 removes the node that left", T, || {
+        vtep_of(theirs).is_none().then_some(())
+    });
+    c.etcd
+        .etcdctl(&[
+            "put",
+            &key(theirs),
+            r#"{"PublicIP":"198.18.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"02:00:00:00:00:07"}}"#,
+        ])
+        .unwrap();
+    eventually("node 1 programs the node that joined", T, || {
+        (vtep_of(theirs) == Some("198.18.0.7".parse().unwrap())).then_some(())
+    });
+    assert_eq!(n1.metric("weft_lease_held"), 0.0, "still acquiring");
+    assert!(!ready(n1));
+
+    // SIGTERM while acquiring: out within 5 s.
+    let asked = std::time::Instant::now();
+    c.nodes[0].agent.signal(libc::SIGTERM);
+    eventually("node 1 exits", Duration::from_secs(10), || {
+        (!c.nodes[0].agent.running()).then_some(())
+    });
+    let took = asked.elapsed();
+    println!("exited {took:?} after SIGTERM");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}

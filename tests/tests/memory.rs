@@ -32,14 +32,25 @@ fn fill(c: &WeftCluster) {
                 let big = vec![b'x'; 1400 << 10];
                 let field = "y".repeat(60 << 10);
                 let mut puts = Vec::new();
-                // 200 values of 1.4 MiB under keys that are no leases.
+                // 200 values of 1.4 MiB under keys that are no leases, a
+                // few at a time (etcd on a busy 2-core machine times out
+                // under 280 MiB at once), each retried if etcd times out.
                 for i in 0..200 {
                     let (mut kv, v) = (client.kv_client(), big.clone());
                     puts.push(tokio::spawn(async move {
-                        kv.put(format!("{PREFIX}/subnets/junk-{i}"), v, None)
-                            .await
-                            .unwrap();
+                        let key = format!("{PREFIX}/subnets/junk-{i}");
+                        let mut tries = 0;
+                        while let Err(e) = kv.put(key.as_str(), v.clone(), None).await {
+                            tries += 1;
+                            assert!(tries < 5, "putting {key}: {e}");
+                            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        }
                     }));
+                    if puts.len() >= 8 {
+                        for p in puts.drain(..) {
+                            p.await.unwrap();
+                        }
+                    }
                 }
                 // 2,000 lease-shaped keys (outside the network) whose
                 // BackendType is 60 KiB.

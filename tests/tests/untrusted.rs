@@ -2,11 +2,12 @@
 //! or stop an agent are rejected with a reason, on the eBPF datapath, while
 //! honest leases keep working.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use weft_tests::{
     agent::eventually,
-    weft_cluster::{ETCD_IP, PREFIX, WeftCluster, WeftNode},
+    dual::{DUAL, DualCluster},
+    weft_cluster::{ETCD_IP, PREFIX, WeftCluster, WeftNode, http_get},
 };
 
 const T: Duration = Duration::from_secs(30);
@@ -243,5 +244,54 @@ fn hostile_leases_are_rejected_and_never_stop_the_network() {
             .all(|n| n.peer_subnets().contains(&s3))
             .then_some(())
     });
+    // The new node's own listing (paged through the junk) programs the
+    // other two: a ping before that has no way back.
+    c.wait_meshed(T);
     c.all_pairs_reach().unwrap();
+}
+
+/// A key no config of the network could have handed out (the IPv4 network
+/// itself, a key covering the whole IPv6 network) takes no subnet: nodes
+/// still acquire, at once, in a dual-stack network and in an IPv6-only one
+/// of 2^32 subnets (which a scan of every subnet would take minutes over).
+#[test]
+fn keys_covering_the_network_do_not_freeze_acquisition() {
+    for (config, keys) in [
+        (
+            DUAL,
+            vec!["10.244.0.0-16", "10.244.0.0-16&fd00:10:244::-56"],
+        ),
+        (
+            r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10::/32","Backend":{"Type":"vxlan"}}"#,
+            vec!["0.0.0.0-0&fd00:10::-32"],
+        ),
+    ] {
+        let mut c = DualCluster::new(0, config, &[]).unwrap();
+        for k in &keys {
+            c.etcd
+                .etcdctl(&[
+                    "put",
+                    &format!("{PREFIX}/subnets/{k}"),
+                    r#"{"PublicIP":"198.18.0.99","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"02:00:00:00:00:99"}}"#,
+                ])
+                .unwrap();
+        }
+        let started = Instant::now();
+        c.add_node(1, &[]).unwrap();
+        let n = &c.nodes[0];
+        println!(
+            "{config}: {:?} to subnet.env, {}",
+            started.elapsed(),
+            n.subnets
+        );
+        let (_, metrics) = http_get(&n.node.ns, n.node.ip, 9090, "/metrics").unwrap();
+        let acquire = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("weft_lease_acquire_seconds_sum "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .expect("the acquisition's time is exported");
+        println!("acquired in {acquire} s");
+        assert!(acquire < 1.0, "{config}: {acquire} s");
+        assert!(n.subnets.v6.is_some());
+    }
 }

@@ -25,7 +25,6 @@
 //! transaction returns a fresh read of the prefix in the same round trip.
 
 use std::{
-    collections::HashSet,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::Duration,
 };
@@ -33,32 +32,35 @@ use std::{
 use rand::{Rng, seq::IndexedRandom as _};
 use thiserror::Error;
 
-use ipnet::{Ipv4Net, Ipv6Net};
-
 use super::{
     attrs::LeaseAttrs,
     config::NetworkConfig,
     key::{Subnets, parse_key},
+    pool::{self, Ipv4Pool, Ipv6Pool, Net, Pool},
     store::{Compare, KeyValue, Listing, Op, Store, StoreError},
 };
-use crate::{backoff::Backoff, net::overlaps};
+use crate::backoff::Backoff;
 
-/// Who we are, as written in our lease.
+/// Who we are, as written in our lease: a VTEP address per family the
+/// network has.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
     pub node_id: String,
-    /// Our IPv4 VTEP address; unspecified on an IPv6-only node.
-    pub public_ip: Ipv4Addr,
+    /// Our IPv4 VTEP address; None on an IPv6-only node.
+    pub public_ip: Option<Ipv4Addr>,
     /// Our IPv6 VTEP address, when the network has IPv6.
     pub public_ipv6: Option<Ipv6Addr>,
 }
 
 impl Identity {
-    /// The address our leases are known by (see `LeaseAttrs::node_addr`).
+    /// The address our leases are known by (see `LeaseAttrs::node_addr`):
+    /// the IPv4 VTEP, else the IPv6 one (flannel writes `0.0.0.0` as the
+    /// PublicIP of an IPv6-only lease).
     pub fn addr(&self) -> IpAddr {
-        match self.public_ipv6 {
-            Some(v6) if self.public_ip.is_unspecified() => IpAddr::V6(v6),
-            _ => IpAddr::V4(self.public_ip),
+        match (self.public_ip, self.public_ipv6) {
+            (Some(v4), _) => IpAddr::V4(v4),
+            (None, Some(v6)) => IpAddr::V6(v6),
+            (None, None) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         }
     }
 }
@@ -300,9 +302,9 @@ fn plan(
 
     // Nothing of ours: every existing key inside the network takes the
     // subnets it overlaps, whatever its value (reservations, malformed
-    // values and other prefix lengths too), in each family. A key for a
-    // network around ours (a supernet such as 0.0.0.0-0) is not a claim on
-    // every subnet.
+    // values and other prefix lengths too), in each family; a key no
+    // config of the network could have handed out (the network itself, a
+    // supernet such as 0.0.0.0-0) is not a claim on every subnet.
     let cfg = req.config;
     let taken = Taken::new(cfg, entries);
     if let Some(p) = req.preferred
@@ -311,7 +313,7 @@ fn plan(
     {
         return (Plan::Create(p), Vec::new());
     }
-    match free_subnets(cfg, &taken).choose(rng) {
+    match taken.free_subnets().choose(rng) {
         Some(s) => (Plan::Create(*s), Vec::new()),
         None => {
             let in_range: Vec<&Entry> = entries
@@ -336,95 +338,70 @@ fn plan(
     }
 }
 
-/// The subnets the keys under the prefix take, per family: the exact
-/// subnets of the configured length, and any other inside the network.
+/// The subnets the keys under the prefix take, in each family's pool
+/// (see [`Pool::taken_by`]).
 struct Taken {
-    exact4: HashSet<u32>,
-    others4: Vec<Ipv4Net>,
-    exact6: HashSet<u128>,
-    others6: Vec<Ipv6Net>,
+    v4: Option<(Ipv4Pool, pool::Taken)>,
+    v6: Option<(Ipv6Pool, pool::Taken)>,
 }
 
 impl Taken {
     fn new(cfg: &NetworkConfig, entries: &[Entry]) -> Self {
-        let mut t = Taken {
-            exact4: HashSet::new(),
-            others4: Vec::new(),
-            exact6: HashSet::new(),
-            others6: Vec::new(),
-        };
-        for s in entries.iter().filter_map(|e| e.subnet) {
-            if let (Some(p), Some(n)) = (&cfg.ipv4, s.v4)
-                && p.network.contains(&n)
-            {
-                if n.prefix_len() == p.subnet_len {
-                    t.exact4.insert(u32::from(n.network()));
-                } else {
-                    t.others4.push(n);
-                }
-            }
-            if let (Some(p), Some(n)) = (&cfg.ipv6, s.v6)
-                && p.network.contains(&n)
-            {
-                if n.prefix_len() == p.subnet_len {
-                    t.exact6.insert(u128::from(n.network()));
-                } else {
-                    t.others6.push(n);
-                }
+        let keys: Vec<Subnets> = entries.iter().filter_map(|e| e.subnet).collect();
+        Taken {
+            v4: cfg.ipv4.clone().map(|p| {
+                let t = p.taken(keys.iter().filter_map(|s| s.v4.as_ref()));
+                (p, t)
+            }),
+            v6: cfg.ipv6.clone().map(|p| {
+                let t = p.taken(keys.iter().filter_map(|s| s.v6.as_ref()));
+                (p, t)
+            }),
+        }
+    }
+
+    /// Whether each half of `s` is a free subnet of its pool.
+    fn is_free(&self, s: &Subnets) -> bool {
+        fn half<N: Net>(pool: &Option<(Pool<N>, pool::Taken)>, n: Option<N>) -> bool {
+            match (pool, n) {
+                (Some((p, t)), Some(n)) => p.index(&n).is_some_and(|i| t.is_free(i)),
+                (None, None) => true,
+                _ => false,
             }
         }
-        t
+        half(&self.v4, s.v4) && half(&self.v6, s.v6)
     }
 
-    fn is_free4(&self, s: &Ipv4Net) -> bool {
-        !self.exact4.contains(&u32::from(s.network()))
-            && !self.others4.iter().any(|o| overlaps(o, s))
-    }
-
-    fn is_free6(&self, s: &Ipv6Net) -> bool {
-        !self.exact6.contains(&u128::from(s.network()))
-            && !self.others6.iter().any(|o| o.contains(s) || s.contains(o))
-    }
-
-    fn is_free(&self, s: &Subnets) -> bool {
-        s.v4.is_none_or(|n| self.is_free4(&n)) && s.v6.is_none_or(|n| self.is_free6(&n))
-    }
-}
-
-/// The first free subnets (up to [`CANDIDATES`]) a new lease is drawn
-/// from. A dual-stack lease takes the IPv6 subnet of the same index as its
-/// IPv4 subnet: the create-if-absent transaction fences the key, and with
-/// every Weft node pairing subnets the same way, a unique IPv4 half makes
-/// the IPv6 half unique too (two keys `A&X` and `B&X` can never both be
-/// created by Weft nodes).
-fn free_subnets(cfg: &NetworkConfig, taken: &Taken) -> Vec<Subnets> {
-    match (&cfg.ipv4, &cfg.ipv6) {
-        (Some(p4), Some(p6)) => (0..p4.subnet_count().min(p6.subnet_count()))
-            .filter_map(|i| {
-                let s = Subnets {
-                    v4: p4.nth(i),
-                    v6: p6.nth(i),
-                };
-                taken.is_free(&s).then_some(s)
+    /// The first free subnets (up to [`CANDIDATES`]) a new lease is drawn
+    /// from. A dual-stack lease takes the IPv6 subnet of the same index as
+    /// its IPv4 subnet: the create-if-absent transaction fences the key,
+    /// and with every Weft node pairing subnets the same way, a unique IPv4
+    /// half makes the IPv6 half unique too (two keys `A&X` and `B&X` can
+    /// never both be created by Weft nodes). The search costs as many steps
+    /// as there are keys, however large the pools.
+    fn free_subnets(&self) -> Vec<Subnets> {
+        let pools: Vec<&pool::Taken> = [
+            self.v4.as_ref().map(|(_, t)| t),
+            self.v6.as_ref().map(|(_, t)| t),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let count = [
+            self.v4.as_ref().map(|(p, _)| p.subnet_count()),
+            self.v6.as_ref().map(|(p, _)| p.subnet_count()),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(0);
+        pool::free_in_all(&pools, count, CANDIDATES)
+            .into_iter()
+            .map(|i| Subnets {
+                v4: self.v4.as_ref().and_then(|(p, _)| p.nth(i)),
+                v6: self.v6.as_ref().and_then(|(p, _)| p.nth(i)),
             })
-            .take(CANDIDATES)
-            .collect(),
-        (Some(p4), None) => p4
-            .subnets()
-            .filter(|s| taken.is_free4(s))
-            .take(CANDIDATES)
-            .map(Subnets::v4)
-            .collect(),
-        (None, Some(p6)) => p6
-            .subnets()
-            .filter(|s| taken.is_free6(s))
-            .take(CANDIDATES)
-            .map(|s| Subnets {
-                v4: None,
-                v6: Some(s),
-            })
-            .collect(),
-        (None, None) => Vec::new(),
+            .collect()
     }
 }
 
@@ -618,6 +595,7 @@ async fn remove_extras<S: Store>(store: &S, extras: &[KeyValue], stats: &mut Acq
 mod tests {
     use super::*;
     use crate::mac::MacAddr;
+    use ipnet::Ipv4Net;
     use rand::SeedableRng as _;
 
     fn cfg() -> NetworkConfig {
@@ -631,13 +609,18 @@ mod tests {
     fn me(n: &str, ip: [u8; 4]) -> Identity {
         Identity {
             node_id: n.into(),
-            public_ip: Ipv4Addr::from(ip),
+            public_ip: Some(Ipv4Addr::from(ip)),
             public_ipv6: None,
         }
     }
 
     fn value(m: &Identity) -> LeaseAttrs {
-        LeaseAttrs::vxlan(m.public_ip, 1, MacAddr([2, 0, 0, 0, 0, 1]), &m.node_id)
+        LeaseAttrs::vxlan(
+            m.public_ip.unwrap(),
+            1,
+            MacAddr([2, 0, 0, 0, 0, 1]),
+            &m.node_id,
+        )
     }
 
     fn kv(subnet: &str, v: &LeaseAttrs, lease: i64, rev: i64) -> KeyValue {
@@ -987,7 +970,7 @@ mod tests {
         .unwrap();
         let a = Identity {
             node_id: "a".into(),
-            public_ip: Ipv4Addr::UNSPECIFIED,
+            public_ip: None,
             public_ipv6: Some("fd00:18::1".parse().unwrap()),
         };
         let v =

@@ -2,14 +2,13 @@
 //! flannel's defaults and rules, so a config written for flannel means the
 //! same thing to Weft.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-
 use serde_json::{Map, Value};
 use thiserror::Error;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::key::Subnets;
+pub use super::pool::{Ipv4Pool, Ipv6Pool};
 
 /// A config that cannot be used, naming the field at fault.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -19,33 +18,11 @@ pub struct ConfigError {
     pub reason: String,
 }
 
-fn err(field: &'static str, reason: impl Into<String>) -> ConfigError {
+pub(super) fn err(field: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError {
         field,
         reason: reason.into(),
     }
-}
-
-/// The IPv4 half of a network config: `Network`, `SubnetLen`,
-/// `SubnetMin`, `SubnetMax`, with flannel's defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ipv4Pool {
-    pub network: Ipv4Net,
-    pub subnet_len: u8,
-    /// First subnet handed out (aligned to `subnet_len`).
-    pub subnet_min: Ipv4Addr,
-    /// Last subnet handed out (aligned to `subnet_len`).
-    pub subnet_max: Ipv4Addr,
-}
-
-/// The IPv6 half: `IPv6Network`, `IPv6SubnetLen`, `IPv6SubnetMin`,
-/// `IPv6SubnetMax`, with flannel's defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ipv6Pool {
-    pub network: Ipv6Net,
-    pub subnet_len: u8,
-    pub subnet_min: Ipv6Addr,
-    pub subnet_max: Ipv6Addr,
 }
 
 /// A validated network config (vxlan backend; IPv4, IPv6 or both).
@@ -205,278 +182,7 @@ impl NetworkConfig {
     }
 }
 
-impl Ipv4Pool {
-    fn from_object(obj: &Map<String, Value>) -> Result<Self, ConfigError> {
-        let network_str = get_str(obj, "Network")?
-            .ok_or_else(|| err("Network", "is missing (e.g. \"10.244.0.0/16\")"))?;
-        let network: Ipv4Net = network_str.parse().map_err(|_| {
-            err(
-                "Network",
-                format!("{network_str:?} is not an IPv4 network in CIDR form (like 10.244.0.0/16)"),
-            )
-        })?;
-        if network.trunc() != network {
-            return Err(err(
-                "Network",
-                format!(
-                    "{network} has host bits set; the network address is {}",
-                    network.trunc()
-                ),
-            ));
-        }
-
-        let subnet_len = match get_u64(obj, "SubnetLen")? {
-            Some(0) | None => {
-                if network.prefix_len() > 28 {
-                    return Err(err(
-                        "Network",
-                        format!("{network} is too small; the smallest useful network is a /28"),
-                    ));
-                } else if network.prefix_len() <= 22 {
-                    24
-                } else {
-                    network.prefix_len() + 2
-                }
-            }
-            Some(l) => {
-                if l > 30 {
-                    return Err(err("SubnetLen", format!("{l} must be at most 30")));
-                }
-                let l = l as u8;
-                if l < network.prefix_len() + 2 {
-                    return Err(err(
-                        "SubnetLen",
-                        format!("/{l} leaves {network} room for fewer than four subnets"),
-                    ));
-                }
-                l
-            }
-        };
-        let size = 1u32 << (32 - subnet_len as u32);
-        let mask = u32::MAX << (32 - subnet_len as u32);
-
-        let subnet_min = match get_ip(obj, "SubnetMin")? {
-            None => Ipv4Addr::from(u32::from(network.network()) + size),
-            Some(ip) => {
-                if !network.contains(&ip) {
-                    return Err(err("SubnetMin", format!("{ip} is not inside {network}")));
-                }
-                ip
-            }
-        };
-        let subnet_max = match get_ip(obj, "SubnetMax")? {
-            None => Ipv4Addr::from(u32::from(network.broadcast()) - size + 1),
-            Some(ip) => {
-                if !network.contains(&ip) {
-                    return Err(err("SubnetMax", format!("{ip} is not inside {network}")));
-                }
-                ip
-            }
-        };
-        if u32::from(subnet_min) & !mask != 0 {
-            return Err(err(
-                "SubnetMin",
-                format!("{subnet_min} is not on a /{subnet_len} boundary"),
-            ));
-        }
-        if u32::from(subnet_max) & !mask != 0 {
-            return Err(err(
-                "SubnetMax",
-                format!("{subnet_max} is not on a /{subnet_len} boundary"),
-            ));
-        }
-        if u32::from(subnet_min) > u32::from(subnet_max) {
-            return Err(err(
-                "SubnetMin",
-                format!("{subnet_min} is above SubnetMax {subnet_max}"),
-            ));
-        }
-
-        Ok(Self {
-            network,
-            subnet_len,
-            subnet_min,
-            subnet_max,
-        })
-    }
-
-    /// How many subnets lie between SubnetMin and SubnetMax.
-    pub fn subnet_count(&self) -> u64 {
-        (u32::from(self.subnet_max) as u64 - u32::from(self.subnet_min) as u64) / self.subnet_size()
-            + 1
-    }
-
-    pub fn subnet_size(&self) -> u64 {
-        1u64 << (32 - self.subnet_len as u32)
-    }
-
-    /// The subnets that may be handed out, in order.
-    pub fn subnets(&self) -> impl Iterator<Item = Ipv4Net> + '_ {
-        (0..self.subnet_count()).map(move |i| self.nth(i).expect("i is below the count"))
-    }
-
-    /// The `i`th subnet that may be handed out.
-    pub fn nth(&self, i: u64) -> Option<Ipv4Net> {
-        if i >= self.subnet_count() {
-            return None;
-        }
-        let addr = u32::from(self.subnet_min) as u64 + i * self.subnet_size();
-        Some(Ipv4Net::new(Ipv4Addr::from(addr as u32), self.subnet_len).expect("at most 30"))
-    }
-
-    /// Where `subnet` is in [`Self::subnets`], if it is one of them.
-    pub fn index(&self, subnet: &Ipv4Net) -> Option<u64> {
-        self.is_assignable(subnet).then(|| {
-            (u32::from(subnet.addr()) - u32::from(self.subnet_min)) as u64 / self.subnet_size()
-        })
-    }
-
-    /// Whether `subnet` is one this pool can hand out.
-    pub fn is_assignable(&self, subnet: &Ipv4Net) -> bool {
-        subnet.prefix_len() == self.subnet_len
-            && subnet.network() == subnet.addr()
-            && u32::from(subnet.addr()) >= u32::from(self.subnet_min)
-            && u32::from(subnet.addr()) <= u32::from(self.subnet_max)
-    }
-}
-
-impl Ipv6Pool {
-    fn from_object(obj: &Map<String, Value>) -> Result<Self, ConfigError> {
-        let s = get_str(obj, "IPv6Network")?.ok_or_else(|| {
-            err(
-                "IPv6Network",
-                "is missing while EnableIPv6 is true (e.g. \"fd00:10:244::/56\")",
-            )
-        })?;
-        let network: Ipv6Net = s.parse().map_err(|_| {
-            err(
-                "IPv6Network",
-                format!("{s:?} is not an IPv6 network in CIDR form (like fd00:10:244::/56)"),
-            )
-        })?;
-        if network.trunc() != network {
-            return Err(err(
-                "IPv6Network",
-                format!(
-                    "{network} has host bits set; the network address is {}",
-                    network.trunc()
-                ),
-            ));
-        }
-        let subnet_len = match get_u64(obj, "IPv6SubnetLen")? {
-            Some(0) | None => {
-                if network.prefix_len() > 124 {
-                    return Err(err(
-                        "IPv6Network",
-                        format!("{network} is too small; the smallest useful network is a /124"),
-                    ));
-                } else if network.prefix_len() <= 62 {
-                    64
-                } else {
-                    network.prefix_len() + 2
-                }
-            }
-            Some(l) => {
-                if l > 126 {
-                    return Err(err("IPv6SubnetLen", format!("{l} must be at most 126")));
-                }
-                let l = l as u8;
-                if l < network.prefix_len() + 2 {
-                    return Err(err(
-                        "IPv6SubnetLen",
-                        format!("/{l} leaves {network} room for fewer than four subnets"),
-                    ));
-                }
-                l
-            }
-        };
-        let size = 1u128 << (128 - subnet_len as u32);
-        let base = u128::from(network.network());
-        let subnet_min = match get_ip6(obj, "IPv6SubnetMin")? {
-            None => Ipv6Addr::from(base + size),
-            Some(ip) if network.contains(&ip) => ip,
-            Some(ip) => {
-                return Err(err(
-                    "IPv6SubnetMin",
-                    format!("{ip} is not inside {network}"),
-                ));
-            }
-        };
-        let subnet_max = match get_ip6(obj, "IPv6SubnetMax")? {
-            None => Ipv6Addr::from(u128::from(network.broadcast()) - size + 1),
-            Some(ip) if network.contains(&ip) => ip,
-            Some(ip) => {
-                return Err(err(
-                    "IPv6SubnetMax",
-                    format!("{ip} is not inside {network}"),
-                ));
-            }
-        };
-        for (field, ip) in [("IPv6SubnetMin", subnet_min), ("IPv6SubnetMax", subnet_max)] {
-            if u128::from(ip) % size != 0 {
-                return Err(err(
-                    field,
-                    format!("{ip} is not on a /{subnet_len} boundary"),
-                ));
-            }
-        }
-        if u128::from(subnet_min) > u128::from(subnet_max) {
-            return Err(err(
-                "IPv6SubnetMin",
-                format!("{subnet_min} is above IPv6SubnetMax {subnet_max}"),
-            ));
-        }
-        Ok(Self {
-            network,
-            subnet_len,
-            subnet_min,
-            subnet_max,
-        })
-    }
-
-    fn size(&self) -> u128 {
-        1u128 << (128 - self.subnet_len as u32)
-    }
-
-    /// How many subnets lie between IPv6SubnetMin and IPv6SubnetMax (at
-    /// most `u64::MAX`).
-    pub fn subnet_count(&self) -> u64 {
-        let n = (u128::from(self.subnet_max) - u128::from(self.subnet_min)) / self.size() + 1;
-        n.min(u64::MAX as u128) as u64
-    }
-
-    /// The subnets that may be handed out, in order.
-    pub fn subnets(&self) -> impl Iterator<Item = Ipv6Net> + '_ {
-        (0..self.subnet_count()).map(move |i| self.nth(i).expect("i is below the count"))
-    }
-
-    /// The `i`th subnet that may be handed out.
-    pub fn nth(&self, i: u64) -> Option<Ipv6Net> {
-        if i >= self.subnet_count() {
-            return None;
-        }
-        let addr = u128::from(self.subnet_min) + i as u128 * self.size();
-        Some(Ipv6Net::new(Ipv6Addr::from(addr), self.subnet_len).expect("at most 126"))
-    }
-
-    /// Where `subnet` is in [`Self::subnets`], if it is one of them.
-    pub fn index(&self, subnet: &Ipv6Net) -> Option<u64> {
-        self.is_assignable(subnet).then(|| {
-            let i = (u128::from(subnet.addr()) - u128::from(self.subnet_min)) / self.size();
-            i.min(u64::MAX as u128) as u64
-        })
-    }
-
-    /// Whether `subnet` is one this pool can hand out.
-    pub fn is_assignable(&self, subnet: &Ipv6Net) -> bool {
-        subnet.prefix_len() == self.subnet_len
-            && subnet.network() == subnet.addr()
-            && u128::from(subnet.addr()) >= u128::from(self.subnet_min)
-            && u128::from(subnet.addr()) <= u128::from(self.subnet_max)
-    }
-}
-
-fn get_str<'a>(
+pub(super) fn get_str<'a>(
     obj: &'a Map<String, Value>,
     key: &'static str,
 ) -> Result<Option<&'a str>, ConfigError> {
@@ -488,7 +194,10 @@ fn get_str<'a>(
     }
 }
 
-fn get_u64(obj: &Map<String, Value>, key: &'static str) -> Result<Option<u64>, ConfigError> {
+pub(super) fn get_u64(
+    obj: &Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<u64>, ConfigError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => n
@@ -507,29 +216,10 @@ fn get_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>,
     }
 }
 
-fn get_ip6(obj: &Map<String, Value>, key: &'static str) -> Result<Option<Ipv6Addr>, ConfigError> {
-    match get_str(obj, key)? {
-        None => Ok(None),
-        Some(s) => s
-            .parse()
-            .map(Some)
-            .map_err(|_| err(key, format!("{s:?} is not an IPv6 address"))),
-    }
-}
-
-fn get_ip(obj: &Map<String, Value>, key: &'static str) -> Result<Option<Ipv4Addr>, ConfigError> {
-    match get_str(obj, key)? {
-        None => Ok(None),
-        Some(s) => s
-            .parse()
-            .map(Some)
-            .map_err(|_| err(key, format!("{s:?} is not an IPv4 address"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     fn parse(s: &str) -> Result<NetworkConfig, ConfigError> {
         NetworkConfig::parse(s.as_bytes())

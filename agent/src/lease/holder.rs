@@ -152,9 +152,52 @@ impl LeaseHolder {
     }
 
     /// Acquires a subnet (`preferred` if it is free), retrying forever with
-    /// a log line saying why, then keeps it alive.
+    /// a log line saying why, then keeps it alive. The agent's first
+    /// acquisition; later ones run beside its event loop
+    /// ([`Self::acquisition`], [`Self::install`]).
     pub(crate) async fn acquire(&mut self, preferred: Option<Subnets>) -> HeldLease {
-        let held = self.acquire_until_held(preferred).await;
+        let held = self.acquisition(preferred).run().await;
+        self.install(held.clone());
+        held
+    }
+
+    /// An acquisition of a subnet (`preferred` if it is free) that owns
+    /// what it needs, to run on its own task: nothing waits for it.
+    pub(crate) fn acquisition(&mut self, preferred: Option<Subnets>) -> Acquisition {
+        Acquisition {
+            store: self.store.clone(),
+            subnets_prefix: self.subnets_prefix.clone(),
+            config: self.config.clone(),
+            me: self.me.clone(),
+            value: self.value.clone(),
+            timing: self.timing,
+            metrics: self.metrics.clone(),
+            rng: rand::rngs::StdRng::from_rng(&mut self.rng),
+            spare_lease: self.spare_lease.take(),
+            not_from: self.claims.not_from.clone(),
+            preferred,
+        }
+    }
+
+    /// We hold `held` (an [`Acquisition`]'s result): record whose lease of
+    /// our address it took over, if any, and keep it alive.
+    pub(crate) fn install(&mut self, held: HeldLease) {
+        if let Some(from) = &held.taken_from {
+            tracing::warn!(
+                key = %held.key,
+                previous_node = %from,
+                "took over the lease of this node's public IP from another node id (a machine replaced at this address keeps its subnet)"
+            );
+            if Claims::recent(&self.claims.lost_to, from) {
+                self.claims.conflict(from, &self.metrics);
+            }
+            self.claims.took_from.insert(from.clone(), Instant::now());
+        } else if let Some(c) = self.claims.conflict.take() {
+            // Acquired without taking anyone's lease: the conflicting
+            // node's is gone.
+            tracing::info!(other_node = %c.node, "the lease of the node that claimed this public IP is gone");
+            self.metrics.set_public_ip_conflict(false);
+        }
         let expires = if held.is_reservation() {
             0
         } else {
@@ -174,8 +217,7 @@ impl LeaseHolder {
                 self.metrics.clone(),
             )));
         }
-        self.held = Some(held.clone());
-        held
+        self.held = Some(held);
     }
 
     /// Resolves when etcd says the etcd lease of the subnet we hold is gone.
@@ -191,7 +233,7 @@ impl LeaseHolder {
 
     /// Our lease is gone (`why`; taken by node `to`, if a node took it):
     /// stop claiming it. Returns the subnet we held, to try first when
-    /// acquiring again.
+    /// acquiring again; None if we held none (already lost).
     pub(crate) fn lose(&mut self, why: &str, to: Option<&str>) -> Option<Subnets> {
         if let Some(k) = self.keeper.take() {
             k.abort();
@@ -213,8 +255,28 @@ impl LeaseHolder {
         );
         Some(old.subnet)
     }
+}
 
-    async fn acquire_until_held(&mut self, preferred: Option<Subnets>) -> HeldLease {
+/// One acquisition: retries until a subnet is held, saying why it waits.
+/// It owns what it needs, so it runs on a task of its own while the agent
+/// goes on serving lease events, pods, healing and signals.
+pub(crate) struct Acquisition {
+    store: EtcdStore,
+    subnets_prefix: String,
+    config: NetworkConfig,
+    me: Identity,
+    value: LeaseAttrs,
+    timing: Timing,
+    metrics: Arc<Metrics>,
+    rng: rand::rngs::StdRng,
+    /// An etcd lease granted but not (yet) attached, with when it was granted.
+    spare_lease: Option<(i64, Instant)>,
+    not_from: Vec<String>,
+    preferred: Option<Subnets>,
+}
+
+impl Acquisition {
+    pub(crate) async fn run(mut self) -> HeldLease {
         let mut failures = 0u32;
         let started = Instant::now();
         let ttl = self.timing.ttl;
@@ -230,9 +292,9 @@ impl LeaseHolder {
                 me: &self.me,
                 value: &self.value,
                 ttl: ttl.as_secs() as i64,
-                preferred,
+                preferred: self.preferred,
                 lease_id: reuse,
-                not_from: &self.claims.not_from,
+                not_from: &self.not_from,
             };
             let (r, stats, lease) = acquire::acquire(&self.store, &req, &mut self.rng).await;
             if lease != reuse {
@@ -240,24 +302,7 @@ impl LeaseHolder {
             }
             match r {
                 Ok(held) => {
-                    self.spare_lease = None;
                     self.metrics.observe_acquire(started.elapsed());
-                    if let Some(from) = &held.taken_from {
-                        tracing::warn!(
-                            key = %held.key,
-                            previous_node = %from,
-                            "took over the lease of this node's public IP from another node id (a machine replaced at this address keeps its subnet)"
-                        );
-                        if Claims::recent(&self.claims.lost_to, from) {
-                            self.claims.conflict(from, &self.metrics);
-                        }
-                        self.claims.took_from.insert(from.clone(), Instant::now());
-                    } else if let Some(c) = self.claims.conflict.take() {
-                        // Acquired without taking anyone's lease: the
-                        // conflicting node's is gone.
-                        tracing::info!(other_node = %c.node, "the lease of the node that claimed this public IP is gone");
-                        self.metrics.set_public_ip_conflict(false);
-                    }
                     tracing::info!(
                         subnet = %held.subnet,
                         key = %held.key,

@@ -8,6 +8,8 @@ use std::{
 };
 
 use ipnet::{Ipv4Net, Ipv6Net};
+
+use super::pool::Net as _;
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -43,11 +45,17 @@ impl Subnets {
 
     /// Whether any subnet of one overlaps the other's of the same family.
     pub fn overlaps(&self, other: &Subnets) -> bool {
-        let v4 =
-            matches!((self.v4, other.v4), (Some(a), Some(b)) if a.contains(&b) || b.contains(&a));
-        let v6 =
-            matches!((self.v6, other.v6), (Some(a), Some(b)) if a.contains(&b) || b.contains(&a));
+        let v4 = matches!((self.v4, other.v4), (Some(a), Some(b)) if a.overlaps(&b));
+        let v6 = matches!((self.v6, other.v6), (Some(a), Some(b)) if a.overlaps(&b));
         v4 || v6
+    }
+
+    /// Whether `net` overlaps our subnet of its family.
+    pub fn overlaps_net(&self, net: &ipnet::IpNet) -> bool {
+        match net {
+            ipnet::IpNet::V4(n) => self.v4.is_some_and(|o| o.overlaps(n)),
+            ipnet::IpNet::V6(n) => self.v6.is_some_and(|o| o.overlaps(n)),
+        }
     }
 }
 

@@ -26,6 +26,7 @@ mod keeper;
 mod key;
 #[cfg(feature = "agent")]
 mod members;
+mod pool;
 #[cfg(feature = "agent")]
 mod store;
 mod subnet_file;
@@ -63,6 +64,6 @@ pub(crate) use members::run as watch_members;
 #[cfg(feature = "agent")]
 pub(crate) use subnet_file::{DEFAULT_PATH as DEFAULT_SUBNET_FILE, read_subnet};
 #[cfg(feature = "agent")]
-pub(crate) use view::{LeaseView, decide};
+pub(crate) use view::{LeaseView, Lost, decide};
 #[cfg(feature = "agent")]
 pub(crate) use watch::{LeaseEvent, list_once, run as watch};

@@ -200,7 +200,7 @@ pub(super) fn check(
         if pool.network.contains(&ip) {
             return Err(Rejection::PublicIpInNetwork(ip.into()));
         }
-        if me.is_some_and(|m| m.public_ip == ip) {
+        if me.is_some_and(|m| m.public_ip == Some(ip)) {
             return Err(Rejection::PublicIpOurs(ip.into()));
         }
         peers.push(Peer {
@@ -285,7 +285,7 @@ mod tests {
     fn me() -> Identity {
         Identity {
             node_id: "me".into(),
-            public_ip: "198.18.0.1".parse().unwrap(),
+            public_ip: Some("198.18.0.1".parse().unwrap()),
             public_ipv6: Some("fd00:18::1".parse().unwrap()),
         }
     }

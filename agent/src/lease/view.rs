@@ -209,14 +209,6 @@ pub(crate) struct Decision {
     pub(crate) rejected: HashMap<String, (Rejection, i64)>,
 }
 
-/// Whether a peer's subnet overlaps one of ours (of its family).
-fn overlaps_own(own: &Subnets, p: &Peer) -> bool {
-    match p.subnet {
-        IpNet::V4(s) => own.v4.is_some_and(|o| o.contains(&s) || s.contains(&o)),
-        IpNet::V6(s) => own.v6.is_some_and(|o| o.contains(&s) || s.contains(&o)),
-    }
-}
-
 /// Decides which leases are peers. `me` (when known) and `own` are this
 /// node and its subnets; `is_ours` picks out our own key. Leases naming our
 /// node id and address are leftovers of ours: neither peers nor rejected.
@@ -255,7 +247,7 @@ pub(crate) fn decide<'a>(
     let mut vteps: HashMap<IpAddr, (&Option<String>, &str)> = HashMap::new();
     for (l, peers) in candidates {
         let verdict = peers.iter().find_map(|p| {
-            if own.is_some_and(|o| overlaps_own(&o, p)) {
+            if own.is_some_and(|o| o.overlaps_net(&p.subnet)) {
                 Some(Rejection::OverlapsOwn)
             } else if let Some(k) = winners.get(&p.subnet) {
                 Some(Rejection::OverlapsPeer(k.to_string()))
@@ -297,7 +289,7 @@ mod tests {
     fn me() -> Identity {
         Identity {
             node_id: "me".into(),
-            public_ip: Ipv4Addr::new(198, 18, 0, 1),
+            public_ip: Some(Ipv4Addr::new(198, 18, 0, 1)),
             public_ipv6: None,
         }
     }

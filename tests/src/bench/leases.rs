@@ -82,11 +82,11 @@ async fn measure(args: &[String], endpoints: Vec<String>, what: &str) -> Result<
         tasks.push(tokio::spawn(async move {
             let me = Identity {
                 node_id: format!("bench-{i}"),
-                public_ip: Ipv4Addr::from(0xc612_0000u32 + i as u32 + 1),
+                public_ip: Some(Ipv4Addr::from(0xc612_0000u32 + i as u32 + 1)),
                 public_ipv6: None,
             };
             let value = LeaseAttrs::vxlan(
-                me.public_ip,
+                me.public_ip.unwrap(),
                 1,
                 MacAddr::derived(me.node_id.as_bytes()),
                 &me.node_id,

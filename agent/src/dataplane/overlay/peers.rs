@@ -78,11 +78,10 @@ impl Routing<'_> {
         self.direct_routing && self.devices.uplink_nets.iter().any(|n| n.contains(&vtep))
     }
 
-    /// Whether `subnet` overlaps this node's own subnet of its family.
+    /// Whether `subnet` overlaps this node's own subnet of its family
+    /// (the lease view refuses such a peer first; this guards the map).
     fn overlaps_own(&self, subnet: &IpNet) -> bool {
-        Family::of(subnet.addr())
-            .subnet(&self.subnets)
-            .is_some_and(|o| o.contains(subnet) || subnet.contains(&o))
+        self.subnets.overlaps_net(subnet)
     }
 }
 
