@@ -11,6 +11,8 @@ mod agent;
 #[cfg(feature = "agent")]
 mod backoff;
 #[cfg(feature = "agent")]
+mod checksum;
+#[cfg(feature = "agent")]
 mod cli;
 #[cfg(feature = "agent")]
 mod cni;

@@ -8,6 +8,7 @@ use weft_tests::{
     agent::{Agent, weft_bin},
     cluster::Node,
     dual::{DUAL, DualCluster},
+    netns::Netns,
     weft_cluster::{ETCD_IP, WeftCluster, WeftNode},
 };
 
@@ -57,6 +58,26 @@ fn fails(n: &WeftNode, cni_dir: &Path, check: &str, saw: &str) {
         lines.get(at + 1).is_some_and(|l| l.contains("fix: ")),
         "the fix follows:\n{text}"
     );
+}
+
+/// Drops what `rule` matches in the underlay's switch (a firewall on the
+/// way); returns what lifts it.
+fn block_on_switch<'a>(switch: &'a Netns, rule: &str) -> impl FnOnce() + 'a {
+    switch
+        .exec("nft", &["add", "table", "bridge", "doctor"])
+        .unwrap();
+    let chain = format!("{{ type filter hook forward priority 0; policy accept; {rule} drop; }}");
+    switch
+        .exec(
+            "nft",
+            &["add", "chain", "bridge", "doctor", "block", &chain],
+        )
+        .unwrap();
+    move || {
+        switch
+            .exec("nft", &["delete", "table", "bridge", "doctor"])
+            .unwrap();
+    }
 }
 
 fn healthy(n: &WeftNode, cni_dir: &Path) {
@@ -136,27 +157,9 @@ fn doctor_finds_what_is_broken() {
         .unwrap();
 
     // VXLAN blocked on the way (a firewall on the underlay's switch).
-    let switch = &c.underlay.ns;
-    switch
-        .exec("nft", &["add", "table", "bridge", "doctor"])
-        .unwrap();
-    switch
-        .exec(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "bridge",
-                "doctor",
-                "vxlan_block",
-                "{ type filter hook forward priority 0; policy accept; udp dport 8472 drop; }",
-            ],
-        )
-        .unwrap();
+    let unblock = block_on_switch(&c.underlay.ns, "udp dport 8472");
     fails(n, &cni_dir, "peers", "no answer through UDP 8472");
-    switch
-        .exec("nft", &["delete", "table", "bridge", "doctor"])
-        .unwrap();
+    unblock();
 
     let peer = &c.nodes[1].node.ns;
     // The peer's underlay carries less than the overlay needs.
@@ -292,23 +295,7 @@ fn doctor_checks_both_families() {
 
     // VXLAN over IPv6 blocked on the underlay: the IPv6 peer fails, the
     // IPv4 one still answers.
-    let switch = &c.underlay.ns;
-    switch
-        .exec("nft", &["add", "table", "bridge", "doctor6"])
-        .unwrap();
-    switch
-        .exec(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "bridge",
-                "doctor6",
-                "vxlan6_block",
-                "{ type filter hook forward priority 0; policy accept; ip6 nexthdr udp udp dport 8472 drop; }",
-            ],
-        )
-        .unwrap();
+    let unblock = block_on_switch(&c.underlay.ns, "ip6 nexthdr udp udp dport 8472");
     let (ok, text) = run();
     println!("--- VXLAN over IPv6 blocked:\n{text}");
     assert!(!ok, "{text}");
@@ -319,9 +306,7 @@ fn doctor_checks_both_families() {
         "{text}"
     );
     assert!(answered(&text, &v4_peer.to_string()), "{text}");
-    switch
-        .exec("nft", &["delete", "table", "bridge", "doctor6"])
-        .unwrap();
+    unblock();
 
     // The IPv6 overlay MTU set as flannel would (50 bytes below the
     // underlay): too big for VXLAN over IPv6.

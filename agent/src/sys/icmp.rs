@@ -66,7 +66,7 @@ fn request(v6: bool, id: u16, seq: u16, len: usize) -> Vec<u8> {
     pkt[4..6].copy_from_slice(&id.to_be_bytes());
     pkt[6..8].copy_from_slice(&seq.to_be_bytes());
     if !v6 {
-        let csum = checksum(&pkt);
+        let csum = crate::checksum::internet(&pkt);
         pkt[2..4].copy_from_slice(&csum.to_be_bytes());
     }
     pkt
@@ -109,18 +109,6 @@ fn answer(to: IpAddr, msg: &[u8], from: IpAddr, id: u16, seq: u16) -> Answer {
         }
         _ => Answer::Other,
     }
-}
-
-/// The Internet checksum (RFC 1071).
-fn checksum(b: &[u8]) -> u16 {
-    let mut sum: u32 = b
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// A raw ICMP (or ICMPv6) socket that does not fragment.
@@ -300,14 +288,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn icmp_checksum() {
-        // An echo request with id 1, seq 1 and no payload.
-        let mut p = vec![8, 0, 0, 0, 0, 1, 0, 1];
-        let c = checksum(&p);
-        p[2..4].copy_from_slice(&c.to_be_bytes());
-        assert_eq!(checksum(&p), 0);
-        assert_eq!(c, 0xf7fd);
-        assert_eq!(request(false, 1, 1, 8), p);
+    fn echo_requests_of_either_family() {
+        // IPv4: id 1, seq 1, no payload, its checksum filled.
+        assert_eq!(request(false, 1, 1, 8), [8, 0, 0xf7, 0xfd, 0, 1, 0, 1]);
+        // IPv6: the kernel fills the checksum (it covers a pseudo-header).
+        assert_eq!(request(true, 1, 1, 8), [128, 0, 0, 0, 0, 1, 0, 1]);
     }
 
     #[test]

@@ -131,17 +131,7 @@ fn ipv6_header(s: Ipv6Addr, d: Ipv6Addr, tclass: u8, hops: u8, payload: usize) -
     h
 }
 
-/// The Internet checksum (RFC 1071).
-pub(super) fn checksum(b: &[u8]) -> u16 {
-    let mut sum: u32 = b
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
+pub(super) use crate::checksum::internet as checksum;
 
 fn udp6_checksum(s: Ipv6Addr, d: Ipv6Addr, udp: &[u8]) -> u16 {
     let mut pseudo = Vec::with_capacity(40 + udp.len());
