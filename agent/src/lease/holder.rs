@@ -91,7 +91,9 @@ pub(crate) struct Timing {
     pub(crate) retry_interval: Duration,
 }
 
-pub(crate) struct LeaseHolder {
+/// What every acquisition of this node needs, shared by the holder and
+/// the acquisitions it starts.
+struct Context {
     store: EtcdStore,
     subnets_prefix: String,
     config: NetworkConfig,
@@ -99,9 +101,11 @@ pub(crate) struct LeaseHolder {
     value: LeaseAttrs,
     timing: Timing,
     metrics: Arc<Metrics>,
+}
+
+pub(crate) struct LeaseHolder {
+    ctx: Arc<Context>,
     rng: rand::rngs::StdRng,
-    /// An etcd lease granted but not (yet) attached, with when it was granted.
-    spare_lease: Option<(i64, Instant)>,
     held: Option<HeldLease>,
     keeper: Option<JoinHandle<()>>,
     expired_tx: mpsc::Sender<i64>,
@@ -121,15 +125,16 @@ impl LeaseHolder {
     ) -> Self {
         let (expired_tx, expired_rx) = mpsc::channel(4);
         Self {
-            store,
-            subnets_prefix: format!("{prefix}/subnets/"),
-            config,
-            me,
-            value,
-            timing,
-            metrics,
+            ctx: Arc::new(Context {
+                store,
+                subnets_prefix: format!("{prefix}/subnets/"),
+                config,
+                me,
+                value,
+                timing,
+                metrics,
+            }),
             rng: rand::rngs::StdRng::from_os_rng(),
-            spare_lease: None,
             held: None,
             keeper: None,
             expired_tx,
@@ -146,7 +151,7 @@ impl LeaseHolder {
         {
             tracing::info!(other_node = %c.node, "no more sign of the public IP conflict; this node holds the lease");
             self.claims.conflict = None;
-            self.metrics.set_public_ip_conflict(false);
+            self.ctx.metrics.set_public_ip_conflict(false);
         }
         self.claims.conflict.clone()
     }
@@ -165,15 +170,9 @@ impl LeaseHolder {
     /// what it needs, to run on its own task: nothing waits for it.
     pub(crate) fn acquisition(&mut self, preferred: Option<Subnets>) -> Acquisition {
         Acquisition {
-            store: self.store.clone(),
-            subnets_prefix: self.subnets_prefix.clone(),
-            config: self.config.clone(),
-            me: self.me.clone(),
-            value: self.value.clone(),
-            timing: self.timing,
-            metrics: self.metrics.clone(),
+            ctx: self.ctx.clone(),
             rng: rand::rngs::StdRng::from_rng(&mut self.rng),
-            spare_lease: self.spare_lease.take(),
+            spare_lease: None,
             not_from: self.claims.not_from.clone(),
             preferred,
         }
@@ -189,32 +188,32 @@ impl LeaseHolder {
                 "took over the lease of this node's public IP from another node id (a machine replaced at this address keeps its subnet)"
             );
             if Claims::recent(&self.claims.lost_to, from) {
-                self.claims.conflict(from, &self.metrics);
+                self.claims.conflict(from, &self.ctx.metrics);
             }
             self.claims.took_from.insert(from.clone(), Instant::now());
         } else if let Some(c) = self.claims.conflict.take() {
             // Acquired without taking anyone's lease: the conflicting
             // node's is gone.
             tracing::info!(other_node = %c.node, "the lease of the node that claimed this public IP is gone");
-            self.metrics.set_public_ip_conflict(false);
+            self.ctx.metrics.set_public_ip_conflict(false);
         }
         let expires = if held.is_reservation() {
             0
         } else {
-            keeper::unix_now() + self.timing.ttl.as_secs() as i64
+            keeper::unix_now() + self.ctx.timing.ttl.as_secs() as i64
         };
-        self.metrics.set_lease(true, expires);
+        self.ctx.metrics.set_lease(true, expires);
         if !held.is_reservation() {
             self.keeper = Some(tokio::spawn(keeper::keep_alive(
-                self.store.clone(),
+                self.ctx.store.clone(),
                 KeeperConfig {
                     lease_id: held.lease_id,
-                    ttl: self.timing.ttl,
-                    renew_margin: self.timing.renew_margin,
-                    request_timeout: self.timing.request_timeout,
+                    ttl: self.ctx.timing.ttl,
+                    renew_margin: self.ctx.timing.renew_margin,
+                    request_timeout: self.ctx.timing.request_timeout,
                 },
                 self.expired_tx.clone(),
-                self.metrics.clone(),
+                self.ctx.metrics.clone(),
             )));
         }
         self.held = Some(held);
@@ -238,15 +237,15 @@ impl LeaseHolder {
         if let Some(k) = self.keeper.take() {
             k.abort();
         }
-        if let Some(to) = to.filter(|n| *n != self.me.node_id) {
+        if let Some(to) = to.filter(|n| *n != self.ctx.me.node_id) {
             if Claims::recent(&self.claims.took_from, to) {
-                self.claims.conflict(to, &self.metrics);
+                self.claims.conflict(to, &self.ctx.metrics);
             }
             self.claims.lost_to.insert(to.to_string(), Instant::now());
         }
         let old = self.held.take()?;
-        self.metrics.inc_lease_lost();
-        self.metrics.set_lease(false, 0);
+        self.ctx.metrics.inc_lease_lost();
+        self.ctx.metrics.set_lease(false, 0);
         tracing::error!(
             subnet = %old.subnet,
             key = %old.key,
@@ -261,13 +260,7 @@ impl LeaseHolder {
 /// It owns what it needs, so it runs on a task of its own while the agent
 /// goes on serving lease events, pods, healing and signals.
 pub(crate) struct Acquisition {
-    store: EtcdStore,
-    subnets_prefix: String,
-    config: NetworkConfig,
-    me: Identity,
-    value: LeaseAttrs,
-    timing: Timing,
-    metrics: Arc<Metrics>,
+    ctx: Arc<Context>,
     rng: rand::rngs::StdRng,
     /// An etcd lease granted but not (yet) attached, with when it was granted.
     spare_lease: Option<(i64, Instant)>,
@@ -279,7 +272,7 @@ impl Acquisition {
     pub(crate) async fn run(mut self) -> HeldLease {
         let mut failures = 0u32;
         let started = Instant::now();
-        let ttl = self.timing.ttl;
+        let ttl = self.ctx.timing.ttl;
         loop {
             // A granted lease is reused while it has most of its TTL left.
             let reuse = self
@@ -287,22 +280,22 @@ impl Acquisition {
                 .filter(|(_, at)| at.elapsed() < ttl / 2)
                 .map(|(id, _)| id);
             let req = AcquireRequest {
-                subnets_prefix: &self.subnets_prefix,
-                config: &self.config,
-                me: &self.me,
-                value: &self.value,
+                subnets_prefix: &self.ctx.subnets_prefix,
+                config: &self.ctx.config,
+                me: &self.ctx.me,
+                value: &self.ctx.value,
                 ttl: ttl.as_secs() as i64,
                 preferred: self.preferred,
                 lease_id: reuse,
                 not_from: &self.not_from,
             };
-            let (r, stats, lease) = acquire::acquire(&self.store, &req, &mut self.rng).await;
+            let (r, stats, lease) = acquire::acquire(&self.ctx.store, &req, &mut self.rng).await;
             if lease != reuse {
                 self.spare_lease = lease.map(|id| (id, Instant::now()));
             }
             match r {
                 Ok(held) => {
-                    self.metrics.observe_acquire(started.elapsed());
+                    self.ctx.metrics.observe_acquire(started.elapsed());
                     tracing::info!(
                         subnet = %held.subnet,
                         key = %held.key,
@@ -315,13 +308,13 @@ impl Acquisition {
                     return held;
                 }
                 Err(e @ AcquireError::OutOfSubnets { .. }) => {
-                    self.metrics.inc_out_of_subnets();
-                    let wait = self.timing.retry_interval;
+                    self.ctx.metrics.inc_out_of_subnets();
+                    let wait = self.ctx.timing.retry_interval;
                     tracing::error!(error = %e, retry_in = ?wait, "no subnet for this node");
                     sleep(wait).await;
                 }
                 Err(e @ AcquireError::Conflict { .. }) => {
-                    let wait = self.timing.retry_interval;
+                    let wait = self.ctx.timing.retry_interval;
                     tracing::warn!(error = %e, retry_in = ?wait, "waiting for the other node's lease of this public IP to go");
                     sleep(wait).await;
                 }
@@ -331,7 +324,7 @@ impl Acquisition {
                     sleep(wait).await;
                 }
                 Err(AcquireError::Store(e)) => {
-                    self.metrics.inc_etcd_error();
+                    self.ctx.metrics.inc_etcd_error();
                     // The granted lease may have been lost with the outage.
                     self.spare_lease = None;
                     failures += 1;
