@@ -56,9 +56,9 @@ use crate::lease::Subnets;
 /// (control plane only: the peer table is kept and logged).
 pub(crate) struct Dataplane {
     kind: Kind,
-    /// Subnets upserted since start; the first sync removes pinned peers
-    /// not among them (leases that vanished while the agent was away).
-    seen: HashSet<IpNet>,
+    /// Whether the peer set has been complete once: the first time, pinned
+    /// peers that are not in it go (leases that vanished while the agent
+    /// was away).
     first_sync_done: bool,
 }
 
@@ -89,7 +89,6 @@ impl Dataplane {
     fn with(kind: Kind) -> Self {
         Self {
             kind,
-            seen: HashSet::new(),
             first_sync_done: false,
         }
     }
@@ -126,12 +125,8 @@ impl Dataplane {
             match u {
                 PeerUpdate::Upsert(p) => {
                     tracing::debug!(subnet = %p.subnet, vtep = %p.vtep, mac = %p.mac, "peer");
-                    self.seen.insert(p.subnet);
                 }
-                PeerUpdate::Remove(s) => {
-                    tracing::debug!(subnet = %s, "peer removed");
-                    self.seen.remove(s);
-                }
+                PeerUpdate::Remove(s) => tracing::debug!(subnet = %s, "peer removed"),
             }
         }
         match &mut self.kind {
@@ -157,14 +152,15 @@ impl Dataplane {
         }
     }
 
-    /// The updates so far add up to etcd's state at `revision`.
-    pub(crate) async fn synced(&mut self, revision: i64) -> Result<()> {
+    /// The updates so far add up to etcd's state at `revision`, whose
+    /// peers are `peers`.
+    pub(crate) async fn synced(&mut self, revision: i64, peers: &HashSet<IpNet>) -> Result<()> {
         if let Kind::Ebpf {
             overlay: Some(o), ..
         } = &mut self.kind
             && !self.first_sync_done
         {
-            let removed = o.retain(&self.seen).await?;
+            let removed = o.retain(peers).await?;
             if removed > 0 {
                 tracing::info!(
                     removed,

@@ -8,7 +8,7 @@
 //! becomes that node's peer as soon as we hold another subnet.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     net::IpAddr,
     sync::Arc,
 };
@@ -95,6 +95,12 @@ impl LeaseView {
 
     fn is_own_key(&self, key: &str) -> bool {
         self.held.as_ref().is_some_and(|h| h.key == key)
+    }
+
+    /// The subnets of the peers decided so far (what the dataplane should
+    /// hold once the view is in step with etcd).
+    pub(crate) fn peer_subnets(&self) -> HashSet<IpNet> {
+        self.peers.keys().copied().collect()
     }
 
     /// The leases rejected, with why.

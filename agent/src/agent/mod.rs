@@ -1,16 +1,14 @@
-//! `weft agent`: the node daemon, wired together.
+//! `weft agent`: the node daemon, wired together: the host probed and the
+//! plan built ([`plan`]), then the lease holder, the dataplane and the lease
+//! view driven by one event loop.
 //!
 //! lease holder (acquire, keep alive, lose, acquire again) → dataplane up
 //! around the subnet → subnet.env → the lease view turns the watch into
 //! peer updates → the dataplane applies them.
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
-};
+mod plan;
+
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result};
 use tokio::{
@@ -18,18 +16,17 @@ use tokio::{
     sync::mpsc,
 };
 
+use self::plan::{Host, NodePlan};
 use crate::{
     cli::{AgentArgs, DatapathKind},
     cni,
-    dataplane::{Dataplane, DataplaneSpec, Netlink, PinDir},
-    dataplane::{HostRouting, PeerUpdate, ProblemKind},
+    dataplane::{Dataplane, HostRouting, PeerUpdate, ProblemKind},
     lease::{
-        self, EnvFamily, EtcdStore, HeldLease, Identity, LeaseAttrs, LeaseEvent, LeaseHolder,
-        LeaseView, NetworkConfig, SubnetEnv, Subnets, Timing,
+        self, EnvFamily, EtcdStore, HeldLease, LeaseEvent, LeaseHolder, LeaseView, NetworkConfig,
+        SubnetEnv, Subnets,
     },
-    mac::MacAddr,
     metrics::Metrics,
-    node, pods,
+    pods,
     report::{self, Report, Reporter},
 };
 
@@ -84,36 +81,14 @@ struct Agent {
 
 pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
-    let node_id = node::node_id(args.node_id.as_deref(), Path::new("/etc/machine-id"))?;
     let opts = args.etcd.options();
     opts.validate()?;
     let prefix = args.etcd.prefix();
-
-    // The uplink: needed by the eBPF datapath; with `--datapath none` and a
-    // given --public-ip alone, the address need not be local (tests, dry
-    // runs).
-    let choice = node::UplinkChoice {
-        iface: args.iface.clone(),
-        iface_regex: args.iface_regex.clone(),
-        can_reach: args.iface_can_reach,
-        public_ip: args.public_ip,
-    };
-    let only_public_ip =
-        choice.iface.is_empty() && choice.iface_regex.is_empty() && choice.can_reach.is_none();
-    let given = args.public_ip.is_some() || args.public_ipv6.is_some();
-    let (uplink, public_ip) = match (args.datapath, given, only_public_ip) {
-        (DatapathKind::None, true, true) => (None, args.public_ip),
-        _ => {
-            let nl = Netlink::new()?;
-            let (l, ip) = node::uplink(&nl, &choice).await?;
-            (Some(l), ip)
-        }
-    };
-    let uplink_mtu = uplink.as_ref().map_or(1500, |l| l.mtu);
+    let mut host = Host::probe(&args).await?;
     tracing::info!(
-        node_id,
-        public_ip = %public_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
-        uplink = uplink.as_ref().map_or("-", |l| l.name.as_str()),
+        node_id = host.node_id,
+        public_ip = %host.public_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
+        uplink = host.uplink.as_ref().map_or("-", |l| l.name.as_str()),
         datapath = ?args.datapath,
         version = env!("CARGO_PKG_VERSION"),
         "starting"
@@ -138,115 +113,32 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         metrics.clone(),
         moved.clone(),
     ));
-    let config = lease::wait_for_config(&store, &prefix, retry_interval(&args), &metrics).await;
-    // The VTEP addresses the network's families need.
-    let public_ip = match (&config.ipv4, public_ip) {
-        (None, _) => None,
-        (Some(_), Some(ip)) => Some(ip),
-        (Some(_), None) => anyhow::bail!(
-            "the network has IPv4 but {} has no IPv4 address to use as the public IP; pass --public-ip",
-            uplink.as_ref().map_or("this node", |l| l.name.as_str())
-        ),
-    };
-    let public_ipv6 = match (&config.ipv6, &uplink) {
-        (None, _) => None,
-        (Some(_), Some(l)) => Some(node::public_ipv6(&Netlink::new()?, l, args.public_ipv6).await?),
-        (Some(_), None) => Some(args.public_ipv6.context(
-            "the network has IPv6: pass --public-ipv6 (or an uplink that has a global IPv6 address)",
-        )?),
-    };
-    if public_ipv6.is_some() {
-        tracing::info!(public_ipv6 = ?public_ipv6, "IPv6 VTEP");
-    }
-    // One VTEP MAC per node id and address, stable across restarts: it goes
-    // into the lease and into the dataplane. On a node moving from flannel,
-    // flannel's device's MAC instead, while that device exists: the other
-    // nodes go on addressing frames to it, and flannel's device (which
-    // drops frames for another MAC) keeps decapsulating until Weft's
-    // programs take over. The IPv6 device has a MAC of its own, as
-    // flannel's `flannel-v6.<VNI>` has.
-    let vtep_mac = match flannel_vtep_mac(args.datapath, &format!("flannel.{}", config.vni)).await {
-        Some(mac) => {
-            tracing::info!(device = %format!("flannel.{}", config.vni), %mac, "keeping flannel's VTEP MAC while its device exists");
-            mac
-        }
-        None => MacAddr::derived(
-            format!(
-                "{node_id}/{}",
-                public_ip.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED)
-            )
-            .as_bytes(),
-        ),
-    };
-    let flannel6 = format!("flannel-v6.{}", config.vni);
-    let vtep6_mac = match (
-        public_ipv6,
-        flannel_vtep_mac(args.datapath, &flannel6).await,
-    ) {
-        (Some(_), Some(mac)) => {
-            tracing::info!(device = %flannel6, %mac, "keeping flannel's IPv6 VTEP MAC while its device exists");
-            mac
-        }
-        (v6, _) => MacAddr::derived(
-            format!(
-                "{node_id}/{}",
-                v6.unwrap_or(std::net::Ipv6Addr::UNSPECIFIED)
-            )
-            .as_bytes(),
-        ),
-    };
-    let me = Identity {
-        node_id: node_id.clone(),
-        public_ip,
-        public_ipv6,
-    };
-    let dataplane = match (args.datapath, uplink) {
-        (DatapathKind::None, _) => Dataplane::off(),
-        (DatapathKind::Ebpf, None) => anyhow::bail!("the eBPF datapath needs an uplink (--iface)"),
-        (DatapathKind::Ebpf, Some(uplink)) => Dataplane::ebpf(DataplaneSpec {
-            uplink: uplink.name,
-            public_ip,
-            public_ipv6,
-            vni: config.vni,
-            port: config.port,
-            vtep_mac,
-            vtep6_mac,
-            xdp_mode: args.xdp_mode,
-            pins: PinDir::new(&args.pins.bpffs_dir),
-            trace_drops: args.trace_drops,
-            max_peers: args.max_peers,
-            host_routing: args.host_routing,
-            state_dir: args.state.state_dir.clone(),
-            network: config.network(),
-            network6: config.ipv6_network(),
-            masquerade: args.ip_masq.then_some(!args.ip_masq_fully_random_disable),
-            forward_rules: args.iptables_forward_rules,
-            underlay_mtu: config.mtu,
-            direct_routing: config.direct_routing,
-        }),
+    let config =
+        lease::wait_for_config(&store, &prefix, plan::retry_interval(&args), &metrics).await;
+    host.complete(&args, &config).await?;
+    let plan = NodePlan::build(&args, &config, host.clone(), opts.request_timeout)?;
+    plan.log(&host, config.vni);
+    let dataplane = match plan.dataplane.clone() {
+        None => Dataplane::off(),
+        Some(spec) => Dataplane::ebpf(spec),
     };
     let holder = LeaseHolder::new(
         store.clone(),
         &prefix,
         config.clone(),
-        me.clone(),
-        lease_value(&me, config.vni, vtep_mac, vtep6_mac),
-        Timing {
-            ttl: Duration::from_secs(args.subnet_lease_ttl),
-            renew_margin: Duration::from_secs(args.subnet_lease_renew_margin * 60),
-            request_timeout: opts.request_timeout,
-            retry_interval: retry_interval(&args),
-        },
+        plan.me.clone(),
+        plan.value.clone(),
+        plan.timing,
         metrics.clone(),
     );
     let mut agent = Agent {
         holder,
-        view: LeaseView::new(config.clone(), me, metrics.clone()),
+        view: LeaseView::new(config.clone(), plan.me.clone(), metrics.clone()),
         dataplane,
         metrics,
         reporter: Reporter::new(&args.state.state_dir),
         config,
-        uplink_mtu,
+        uplink_mtu: plan.uplink_mtu,
         subnet_file: args.subnet_file.clone(),
         cni_ipam_dir: args.cni_ipam_dir.clone(),
         subnet: None,
@@ -300,30 +192,6 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     r
 }
 
-/// What this node writes into its lease: its IPv4 VTEP, its IPv6 VTEP, or
-/// both.
-fn lease_value(me: &Identity, vni: u32, mac: MacAddr, mac6: MacAddr) -> LeaseAttrs {
-    match (me.public_ip, me.public_ipv6) {
-        (Some(v4), None) => LeaseAttrs::vxlan(v4, vni, mac, &me.node_id),
-        (Some(v4), Some(v6)) => LeaseAttrs::vxlan(v4, vni, mac, &me.node_id).with_v6(v6, vni, mac6),
-        (None, Some(v6)) => LeaseAttrs::vxlan_v6_only(v6, vni, mac6, &me.node_id),
-        (None, None) => LeaseAttrs::vxlan(std::net::Ipv4Addr::UNSPECIFIED, vni, mac, &me.node_id),
-    }
-}
-
-/// The MAC of flannel's device `name` (`flannel.<vni>`, `flannel-v6.<vni>`),
-/// if this node has one.
-async fn flannel_vtep_mac(datapath: DatapathKind, name: &str) -> Option<MacAddr> {
-    if datapath != DatapathKind::Ebpf {
-        return None;
-    }
-    let links = Netlink::new().ok()?.links().await.ok()?;
-    links
-        .into_iter()
-        .find(|l| l.name == name && l.mac != [0; 6])
-        .map(|l| MacAddr(l.mac))
-}
-
 /// Connects to etcd again when the TLS files' contents changed (rotated
 /// certificates, a Secret volume's update); keeps the current connection,
 /// and tries again at the next check, when that fails (a half-written pair).
@@ -341,10 +209,6 @@ async fn reload_tls(store: &EtcdStore, seen: &mut Option<u64>) {
             tracing::warn!(error = %format!("{e:#}"), "the etcd TLS files changed but connecting with them failed; keeping the current connection and trying again")
         }
     }
-}
-
-fn retry_interval(args: &AgentArgs) -> Duration {
-    Duration::from_secs(args.retry_interval.max(1))
 }
 
 impl Agent {
@@ -497,7 +361,9 @@ impl Agent {
             tracing::error!(error = %format!("{e:#}"), "applying lease changes failed part-way; the dataplane check repairs what is missing");
         }
         if let Some(revision) = out.synced {
-            self.dataplane.synced(revision).await?;
+            self.dataplane
+                .synced(revision, &self.view.peer_subnets())
+                .await?;
             self.synced = true;
             self.metrics.set_peers(self.dataplane.peer_count() as u64);
         }
