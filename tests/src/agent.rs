@@ -303,12 +303,8 @@ impl Agent {
 
     /// Waits until the log contains `needle`.
     pub fn wait_log(&self, needle: &str, within: Duration) -> Result<()> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if self.log().contains(needle) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(25));
+        if poll(within, || self.log().contains(needle).then_some(())).is_some() {
+            return Ok(());
         }
         bail!(
             "{}: no {needle:?} in the log after {within:?}:\n{}",
@@ -319,12 +315,12 @@ impl Agent {
 
     /// Waits until the log contains `needle` at least `n` times.
     pub fn wait_log_count(&self, needle: &str, n: usize, within: Duration) -> Result<()> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if self.log().matches(needle).count() >= n {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(25));
+        if poll(within, || {
+            (self.log().matches(needle).count() >= n).then_some(())
+        })
+        .is_some()
+        {
+            return Ok(());
         }
         bail!(
             "{}: fewer than {n} {needle:?} in the log after {within:?}:\n{}",
@@ -343,12 +339,8 @@ impl Agent {
 
     /// Waits until the subnet file names a subnet other than `old`.
     pub fn wait_subnet_change(&self, old: &str, within: Duration) -> Result<String> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(s) = self.subnet().filter(|s| s != old) {
-                return Ok(s);
-            }
-            std::thread::sleep(Duration::from_millis(25));
+        if let Some(s) = poll(within, || self.subnet().filter(|s| s != old)) {
+            return Ok(s);
         }
         bail!(
             "{}: subnet file still names {old} after {within:?}; log:\n{}",
@@ -359,12 +351,8 @@ impl Agent {
 
     /// Waits until the subnet file names a subnet; returns it (FLANNEL_SUBNET).
     pub fn wait_subnet(&self, within: Duration) -> Result<String> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(s) = self.subnet() {
-                return Ok(s);
-            }
-            std::thread::sleep(Duration::from_millis(25));
+        if let Some(s) = poll(within, || self.subnet()) {
+            return Ok(s);
         }
         bail!(
             "{}: no subnet file after {within:?}; log:\n{}",
@@ -400,16 +388,22 @@ impl Drop for Agent {
     }
 }
 
-/// Polls `f` until it returns Some, or fails after `within` saying `what`.
-pub fn eventually<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+/// Polls `f` every 25 ms until it returns Some (that), or `within` passes
+/// (None).
+pub fn poll<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + within;
     loop {
         if let Some(v) = f() {
-            return v;
+            return Some(v);
         }
         if Instant::now() > deadline {
-            panic!("timed out after {within:?} waiting for: {what}");
+            return None;
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+/// Polls `f` until it returns Some, or fails after `within` saying `what`.
+pub fn eventually<T>(what: &str, within: Duration, f: impl FnMut() -> Option<T>) -> T {
+    poll(within, f).unwrap_or_else(|| panic!("timed out after {within:?} waiting for: {what}"))
 }

@@ -7,7 +7,7 @@
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -291,12 +291,8 @@ impl EtcdCluster {
     }
 
     fn wait_healthy(&self, within: Duration) -> Result<()> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if self.leader().is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(200));
+        if crate::agent::poll(within, || self.leader().ok()).is_some() {
+            return Ok(());
         }
         bail!(
             "the etcd cluster has no leader after {within:?}; logs:\n{}",

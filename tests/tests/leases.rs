@@ -7,9 +7,9 @@ use etcd_client::{Client, GetOptions, PutOptions};
 use weft_tests::{
     agent::{Agent, eventually, weft},
     etcd::Etcd,
+    weft_cluster::PREFIX,
 };
 
-const PREFIX: &str = "/coreos.com/network";
 const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#;
 const T: Duration = Duration::from_secs(30);
 

@@ -10,9 +10,9 @@ use weft::lease::{LeaseAttrs, Subnets, parse_key};
 use weft_tests::{
     agent::{Agent, eventually},
     etcd::Etcd,
+    weft_cluster::PREFIX,
 };
 
-const PREFIX: &str = "/coreos.com/network";
 const DUAL: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:5::/48","Backend":{"Type":"vxlan"}}"#;
 const T: Duration = Duration::from_secs(30);
 
