@@ -22,8 +22,8 @@ use crate::{
     cni,
     dataplane::{Dataplane, HostRouting, PeerUpdate, ProblemKind},
     lease::{
-        self, EnvFamily, EtcdStore, HeldLease, LeaseEvent, LeaseHolder, LeaseView, NetworkConfig,
-        SubnetEnv, Subnets,
+        self, EnvFamily, EtcdStore, HeldLease, LeaseHolder, LeaseView, NetworkConfig, SubnetEnv,
+        Subnets, WatchEvent,
     },
     metrics::Metrics,
     pods,
@@ -133,7 +133,12 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     );
     let mut agent = Agent {
         holder,
-        view: LeaseView::new(config.clone(), plan.me.clone(), metrics.clone()),
+        view: LeaseView::new(
+            &format!("{prefix}/subnets/"),
+            config.clone(),
+            plan.me.clone(),
+            metrics.clone(),
+        ),
         dataplane,
         metrics,
         reporter: Reporter::new(&args.state.state_dir),
@@ -218,7 +223,7 @@ impl Agent {
     /// here ever waits for it.
     async fn run(
         &mut self,
-        mut watch_rx: mpsc::Receiver<LeaseEvent>,
+        mut watch_rx: mpsc::Receiver<WatchEvent>,
         mut listener: cni::Listener,
         store: &EtcdStore,
     ) -> Result<()> {
@@ -243,7 +248,7 @@ impl Agent {
     async fn serve(
         &mut self,
         acquiring: &mut Option<tokio::task::JoinHandle<HeldLease>>,
-        watch_rx: &mut mpsc::Receiver<LeaseEvent>,
+        watch_rx: &mut mpsc::Receiver<WatchEvent>,
         listener: &mut cni::Listener,
         store: &EtcdStore,
         tls_files: &mut Option<u64>,
@@ -352,7 +357,7 @@ impl Agent {
 
     /// Applies a batch of lease events; returns our loss, if the batch
     /// says our lease is gone.
-    async fn on_lease_events(&mut self, batch: Vec<LeaseEvent>) -> Result<Option<lease::Lost>> {
+    async fn on_lease_events(&mut self, batch: Vec<WatchEvent>) -> Result<Option<lease::Lost>> {
         let out = self.view.apply(batch);
         // A batch that fails part-way (netlink not answering) stops nothing:
         // the map entries are in, and the periodic check puts in the routes

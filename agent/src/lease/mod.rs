@@ -16,6 +16,8 @@
 #[cfg(feature = "agent")]
 mod acquire;
 mod attrs;
+#[cfg(feature = "agent")]
+mod cache;
 mod config;
 #[cfg(feature = "agent")]
 mod etcd;
@@ -47,14 +49,16 @@ pub use subnet_file::{
 #[cfg(feature = "agent")]
 pub use acquire::{AcquireError, AcquireRequest, AcquireStats, HeldLease, Identity, acquire};
 #[cfg(feature = "agent")]
+pub use cache::Lease;
+#[cfg(feature = "agent")]
 pub use etcd::{EtcdOptions, EtcdStore};
 #[cfg(feature = "agent")]
 pub use store::{Compare, KeyValue, Listing, Op, Store, StoreError, TxnOutcome};
 #[cfg(feature = "agent")]
 pub use validate::Rejection;
-#[cfg(feature = "agent")]
-pub use watch::Lease;
 
+#[cfg(feature = "agent")]
+pub(crate) use cache::WatchEvent;
 #[cfg(feature = "agent")]
 pub(crate) use holder::{LeaseHolder, Timing, wait_for_config};
 #[cfg(feature = "agent")]
@@ -66,4 +70,4 @@ pub(crate) use subnet_file::{DEFAULT_PATH as DEFAULT_SUBNET_FILE, read_subnet};
 #[cfg(feature = "agent")]
 pub(crate) use view::{LeaseView, Lost, decide};
 #[cfg(feature = "agent")]
-pub(crate) use watch::{LeaseEvent, list_once, run as watch};
+pub(crate) use watch::{list_once, run as watch};

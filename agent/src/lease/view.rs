@@ -17,10 +17,10 @@ use ipnet::IpNet;
 
 use super::{
     acquire::{HeldLease, Identity},
+    cache::{Lease, LeaseCache, LeaseEvent, WatchEvent},
     config::NetworkConfig,
     key::Subnets,
     validate::{Rejection, check},
-    watch::{Lease, LeaseEvent},
 };
 use crate::{
     dataplane::{Peer, PeerUpdate},
@@ -50,7 +50,8 @@ pub(crate) struct LeaseView {
     config: NetworkConfig,
     me: Identity,
     held: Option<HeldLease>,
-    leases: HashMap<String, Lease>,
+    /// Every lease: the one copy.
+    leases: LeaseCache,
     /// The peers the dataplane was told about.
     peers: HashMap<IpNet, Peer>,
     /// Leases rejected, with the revision the rejection was logged at.
@@ -63,12 +64,17 @@ pub(crate) struct LeaseView {
 }
 
 impl LeaseView {
-    pub(crate) fn new(config: NetworkConfig, me: Identity, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(
+        subnets_prefix: &str,
+        config: NetworkConfig,
+        me: Identity,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             config,
             me,
             held: None,
-            leases: HashMap::new(),
+            leases: LeaseCache::new(subnets_prefix, Some(metrics.clone())),
             peers: HashMap::new(),
             rejected: HashMap::new(),
             metrics,
@@ -108,9 +114,22 @@ impl LeaseView {
         self.rejected.iter().map(|(k, (why, _))| (k, why))
     }
 
-    pub(crate) fn apply(&mut self, events: Vec<LeaseEvent>) -> Outcome {
+    /// What a batch of the watch's events means for this node.
+    pub(crate) fn apply(&mut self, events: Vec<WatchEvent>) -> Outcome {
+        let changes: Vec<LeaseEvent> = events
+            .into_iter()
+            .flat_map(|ev| self.leases.take(ev))
+            .collect();
+        self.apply_changes(changes)
+    }
+
+    /// Applies changes of leases (the cache has them already; tests feed
+    /// them directly).
+    fn apply_changes(&mut self, events: Vec<LeaseEvent>) -> Outcome {
         let mut out = Outcome::default();
         for ev in events {
+            #[cfg(test)]
+            self.leases.record(&ev);
             match ev {
                 LeaseEvent::Added(l) | LeaseEvent::Changed { new: l, .. } => {
                     if self.is_own_key(&l.key) && !self.is_ours(&l) {
@@ -125,7 +144,6 @@ impl LeaseView {
                             to: l.attrs.node_id.clone(),
                         });
                     }
-                    self.leases.insert(l.key.clone(), l);
                 }
                 LeaseEvent::Removed(l) => {
                     if self.is_own_key(&l.key) {
@@ -134,7 +152,6 @@ impl LeaseView {
                             to: None,
                         });
                     }
-                    self.leases.remove(&l.key);
                 }
                 LeaseEvent::Listing => self.listing = true,
                 LeaseEvent::Synced { revision } => {
@@ -153,7 +170,7 @@ impl LeaseView {
     fn decide(&mut self) -> Vec<PeerUpdate> {
         let own = self.held.as_ref().map(|h| h.subnet);
         let d = decide(
-            self.leases.values(),
+            self.leases.leases(),
             &self.config,
             Some(&self.me),
             own,
@@ -172,7 +189,7 @@ impl LeaseView {
             rejected.insert(key, (why, rev));
         }
         for key in self.rejected.keys() {
-            if !rejected.contains_key(key) && self.leases.contains_key(key) {
+            if !rejected.contains_key(key) && self.leases.contains(key) {
                 tracing::info!(key = %key, "lease accepted after re-evaluation");
             }
         }
@@ -325,7 +342,7 @@ mod tests {
     }
 
     fn view() -> LeaseView {
-        LeaseView::new(cfg(), me(), Arc::new(Metrics::default()))
+        LeaseView::new("/p/subnets/", cfg(), me(), Arc::new(Metrics::default()))
     }
 
     #[test]
@@ -334,7 +351,7 @@ mod tests {
         let mine = lease("10.5.1.0/24", [198, 18, 0, 1], "me", 3);
         let peer = lease("10.5.2.0/24", [198, 18, 0, 2], "b", 4);
         assert!(v.set_held(&held(&mine)).is_empty());
-        let o = v.apply(vec![
+        let o = v.apply_changes(vec![
             LeaseEvent::Added(mine.clone()),
             LeaseEvent::Added(peer.clone()),
             LeaseEvent::Synced { revision: 4 },
@@ -348,7 +365,7 @@ mod tests {
         // Node b takes our key after our lease expired.
         let mut taken = lease("10.5.1.0/24", [198, 18, 0, 2], "b", 9);
         taken.key = mine.key.clone();
-        let o = v.apply(vec![
+        let o = v.apply_changes(vec![
             LeaseEvent::Removed(mine.clone()),
             LeaseEvent::Added(taken.clone()),
         ]);
@@ -373,7 +390,7 @@ mod tests {
         let old = lease("10.5.2.0/24", [198, 18, 0, 2], "b", 5);
         let mut dup = lease("10.5.2.0/24", [198, 18, 0, 3], "c", 7);
         dup.key = format!("{}&fd00::-64", old.key);
-        let o = v.apply(vec![
+        let o = v.apply_changes(vec![
             LeaseEvent::Added(dup.clone()),
             LeaseEvent::Added(old.clone()),
         ]);
@@ -381,7 +398,7 @@ mod tests {
             matches!(o.updates.as_slice(), [PeerUpdate::Upsert(p)] if p.vtep == old.attrs.public_ip)
         );
         // The winner goes away: the rival is accepted in its place.
-        let o = v.apply(vec![LeaseEvent::Removed(old)]);
+        let o = v.apply_changes(vec![LeaseEvent::Removed(old)]);
         assert!(
             matches!(o.updates.as_slice(), [PeerUpdate::Upsert(p)] if p.vtep == dup.attrs.public_ip),
             "{:?}",
@@ -396,7 +413,7 @@ mod tests {
         let b = lease("10.5.2.0/24", [198, 18, 0, 2], "b", 5);
         let b_moved = lease("10.5.3.0/24", [198, 18, 0, 2], "b", 6);
         let intruder = lease("10.5.4.0/24", [198, 18, 0, 2], "x", 7);
-        let o = v.apply(vec![
+        let o = v.apply_changes(vec![
             LeaseEvent::Added(intruder.clone()),
             LeaseEvent::Added(b_moved),
             LeaseEvent::Added(b),
@@ -432,7 +449,7 @@ mod tests {
         let honest = lease("10.5.5.0/24", [198, 18, 0, 5], "e", 5);
         let mut evs: Vec<LeaseEvent> = hostile.into_iter().map(LeaseEvent::Added).collect();
         evs.push(LeaseEvent::Added(honest.clone()));
-        let o = v.apply(evs);
+        let o = v.apply_changes(evs);
         assert_eq!(
             o.updates,
             vec![PeerUpdate::Upsert(Peer::v4(
