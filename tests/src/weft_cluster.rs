@@ -265,6 +265,27 @@ impl WeftNode {
         self.metrics().get(series).copied().unwrap_or(0.0)
     }
 
+    /// The agent's status report (`<state-dir>/status.json`), once written.
+    pub fn status_json(&self) -> Option<serde_json::Value> {
+        let text = std::fs::read_to_string(self.agent.state_dir().join("status.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// The leases the agent's status report lists as rejected: (key, reason).
+    pub fn rejected(&self) -> Vec<(String, String)> {
+        self.status_json()
+            .and_then(|v| v["rejected"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r["key"].as_str()?.to_string(),
+                    r["reason"].as_str()?.to_string(),
+                ))
+            })
+            .collect()
+    }
+
     /// One series of the agent's metrics; None when the agent does not
     /// answer or does not export it.
     pub fn series(&self, series: &str) -> Option<f64> {

@@ -40,7 +40,9 @@ fn a_lost_subnet_taken_by_another_node_is_programmed_and_the_old_pods_hold_readi
     // Node 1 comes back: it notices, moves to another subnet, and programs
     // node 3 as the owner of its old subnet.
     c.nodes[0].agent.resume();
-    c.nodes[0].agent.wait_log("SUBNET LEASE LOST", T).unwrap();
+    eventually("node 1 counts its lease lost", T, || {
+        (c.nodes[0].metric("weft_lease_lost_total") >= 1.0).then_some(())
+    });
     let line = c.nodes[0].agent.wait_subnet_written(2, T).unwrap();
     let new: Ipv4Net = {
         let (ip, len) = line.split_once('/').unwrap();

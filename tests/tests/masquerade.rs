@@ -9,7 +9,7 @@ use weft_tests::{
     cluster::{Node, ping},
     netns::Netns,
     traffic::{ping_outcome, ping_run, udp_seen_source},
-    weft_cluster::{WeftCluster, WeftNode},
+    weft_cluster::{WeftCluster, WeftNode, http_get},
 };
 
 const T: Duration = Duration::from_secs(30);
@@ -83,10 +83,12 @@ fn pods_reach_the_outside_as_their_node_and_each_other_as_themselves() {
     let pinger = ping_run(&pod1.ns, OUTSIDE, 400);
     std::thread::sleep(Duration::from_millis(1000));
     c.nodes[0].agent.restart().unwrap();
-    c.nodes[0]
-        .agent
-        .wait_log_count("dataplane up", 2, T)
-        .unwrap();
+    let n1 = &c.nodes[0];
+    eventually("the restarted agent is ready", T, || {
+        http_get(&n1.node.ns, n1.node.ip, 9090, "/readyz")
+            .ok()
+            .filter(|(s, _)| s.contains("200"))
+    });
     assert_eq!(
         ping_outcome(pinger),
         (400, 400),

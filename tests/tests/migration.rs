@@ -117,7 +117,13 @@ fn a_flannel_node_moves_to_weft_and_back() {
         )),
     )
     .unwrap();
-    agent.wait_log("wrote the subnet file", T).unwrap();
+    // Up once its status report names the subnet (written after
+    // subnet.env, which the agent writes once its dataplane is up).
+    eventually("Weft is up on the flannel node", T, || {
+        let text = std::fs::read_to_string(agent.state_dir().join("status.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v["subnet"].as_str().map(str::to_string)
+    });
     // Weft is up: flannel's device goes.
     f.ns.ip(&["link", "del", "flannel.1"]).unwrap();
     let lost = packets_lost(pinger);

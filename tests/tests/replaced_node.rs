@@ -160,17 +160,22 @@ fn two_live_agents_with_one_public_ip_report_the_conflict_and_stop() {
     assert_eq!(first.len(), 1, "one lease for the address: {first:?}");
     assert_eq!(first, later, "the lease stopped changing");
     assert!(later[0] <= 4, "changed {} times", later[0]);
-    for (n, a) in nodes.iter().zip(&agents) {
+    for (i, (n, a)) in nodes.iter().zip(&agents).enumerate() {
         assert!(a.running(), "{}", n.ns.name());
         let (status, _) = http_get(&n.ns, n.ip, 9090, "/readyz").unwrap();
         assert!(
             status.contains("503"),
             "not ready while in conflict: {status}"
         );
-        assert!(
-            a.log().contains("PUBLIC IP CONFLICT"),
-            "the log says so: {}",
-            a.log()
+        // The status report names the other node.
+        let report: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(a.state_dir().join("status.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            report["conflict"]["node"].as_str(),
+            Some(format!("clone-{}", 1 - i).as_str()),
+            "the status report names the other clone: {report}"
         );
     }
 }

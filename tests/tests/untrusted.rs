@@ -150,18 +150,13 @@ fn hostile_leases_are_rejected_and_never_stop_the_network() {
         println!("hostile lease {key}: {value}");
         c.etcd.etcdctl(&["put", &key, value]).unwrap();
         for (n, why) in c.nodes.iter().zip([why1, why2]) {
+            // Its status report lists the lease as rejected, with why.
             eventually(
                 &format!("{} rejects {key} ({why})", n.agent.name),
                 T,
                 || {
-                    n.agent
-                        .log()
-                        .lines()
-                        .any(|l| {
-                            l.contains("rejecting lease")
-                                && l.contains(&format!("key={key} "))
-                                && l.contains(&format!("reason={why}"))
-                        })
+                    n.rejected()
+                        .contains(&(key.clone(), why.to_string()))
                         .then_some(())
                 },
             );
@@ -211,14 +206,15 @@ fn hostile_leases_are_rejected_and_never_stop_the_network() {
     let junk = vec![b'x'; 1400 * 1024];
     for f in &free[5..8] {
         let key = format!("{PREFIX}/subnets/{f}-24");
+        let before: Vec<f64> = c
+            .nodes
+            .iter()
+            .map(|n| n.metric("weft_malformed_leases_total"))
+            .collect();
         c.etcd.put_large(&key, &junk).unwrap();
-        for n in &c.nodes {
+        for (n, before) in c.nodes.iter().zip(before) {
             eventually(&format!("{} skips {key}", n.agent.name), T, || {
-                n.agent
-                    .log()
-                    .lines()
-                    .any(|l| l.contains("skipping a malformed lease") && l.contains(&key))
-                    .then_some(())
+                (n.metric("weft_malformed_leases_total") > before).then_some(())
             });
         }
     }
