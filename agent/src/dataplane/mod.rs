@@ -4,8 +4,9 @@
 //! The seam is [`Dataplane`], built from a [`DataplaneSpec`] (uplink, VNI,
 //! port, VTEP MAC, hook choice) and told three things: our subnet
 //! ([`Dataplane::set_subnet`]), peer changes ([`Dataplane::apply`]), and
-//! that the peer set is complete ([`Dataplane::synced`]). It knows nothing
-//! of leases or of the command line.
+//! that the peer set is complete ([`Dataplane::synced`]). Of leases it
+//! knows only the node's subnets (`lease::Subnets`); of the command line,
+//! only that `XdpMode` and `HostRouting` are its values (`clap::ValueEnum`).
 
 mod bpffs;
 mod conntrack;

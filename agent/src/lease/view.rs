@@ -1,8 +1,9 @@
 //! The one place that decides what each lease in etcd is to this node: our
 //! own, a peer, or rejected (with a reason).
 //!
-//! The watch feeds every lease event in; the view keeps every lease, and
-//! after each batch decides the whole peer set again from scratch, so a
+//! The watch feeds etcd's changes in; the view keeps every lease (its
+//! cache, the one copy on the node), and after each batch decides the whole
+//! peer set again from scratch, so a
 //! rejected lease is re-evaluated whenever it or a rival changes, and a key
 //! that stops being ours (taken by another node after our lease was lost)
 //! becomes that node's peer as soon as we hold another subnet.
