@@ -200,15 +200,13 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
 /// Connects to etcd again when the TLS files' contents changed (rotated
 /// certificates, a Secret volume's update); keeps the current connection,
 /// and tries again at the next check, when that fails (a half-written pair).
-async fn reload_tls(store: &EtcdStore, seen: &mut Option<u64>) {
-    let now = store.options().tls_files_digest();
-    if now == *seen {
+async fn reload_tls(store: &EtcdStore) {
+    if !store.tls_files_changed() {
         return;
     }
     match store.reconnect().await {
         Ok(()) => {
             tracing::info!("the etcd TLS files changed: connected again with them");
-            *seen = now;
         }
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "the etcd TLS files changed but connecting with them failed; keeping the current connection and trying again")
@@ -227,17 +225,9 @@ impl Agent {
         mut listener: cni::Listener,
         store: &EtcdStore,
     ) -> Result<()> {
-        // The TLS files as the current connection read them.
-        let mut tls_files = store.options().tls_files_digest();
         let mut acquiring: Option<tokio::task::JoinHandle<HeldLease>> = None;
         let r = self
-            .serve(
-                &mut acquiring,
-                &mut watch_rx,
-                &mut listener,
-                store,
-                &mut tls_files,
-            )
+            .serve(&mut acquiring, &mut watch_rx, &mut listener, store)
             .await;
         if let Some(a) = acquiring {
             a.abort();
@@ -251,7 +241,6 @@ impl Agent {
         watch_rx: &mut mpsc::Receiver<WatchEvent>,
         listener: &mut cni::Listener,
         store: &EtcdStore,
-        tls_files: &mut Option<u64>,
     ) -> Result<()> {
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;
@@ -276,7 +265,7 @@ impl Agent {
                         self.heal().await;
                     }
                     if ticks.is_multiple_of(TLS_CHECK_TICKS) {
-                        reload_tls(store, tls_files).await;
+                        reload_tls(store).await;
                     }
                     self.report();
                 }

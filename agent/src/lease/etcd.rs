@@ -229,6 +229,9 @@ pub struct EtcdStore {
     requests: Arc<AtomicU64>,
     /// Bumped on every reconnect, so the watch moves to the new client.
     generation: Arc<tokio::sync::watch::Sender<u64>>,
+    /// The digest of the TLS files as the current client read them (taken
+    /// before reading, so a change racing the read is seen again later).
+    tls_read: Arc<std::sync::Mutex<Option<u64>>>,
 }
 
 impl EtcdStore {
@@ -237,12 +240,14 @@ impl EtcdStore {
     /// be reached: see [`EtcdStore::connect_retrying`]).
     pub async fn connect(opts: &EtcdOptions) -> Result<Self> {
         opts.validate()?;
+        let digest = opts.tls_files_digest();
         let client = connect_client(opts, true).await?;
         Ok(Self {
             client: Arc::new(RwLock::new(client)),
             opts: opts.clone(),
             requests: Arc::new(AtomicU64::new(0)),
             generation: Arc::new(tokio::sync::watch::channel(0).0),
+            tls_read: Arc::new(std::sync::Mutex::new(digest)),
         })
     }
 
@@ -279,6 +284,7 @@ impl EtcdStore {
     /// again (on SIGHUP, after they were replaced on disk). In-flight
     /// requests finish on the old connection; the watch restarts on the new.
     pub async fn reconnect(&self) -> Result<()> {
+        let digest = self.opts.tls_files_digest();
         let mut c = connect_client(&self.opts, true).await?;
         // The connection may be made lazily: a request proves the files
         // work (a wrong certificate fails its handshake) before the client
@@ -288,8 +294,17 @@ impl EtcdStore {
             .map_err(|_| anyhow::anyhow!("etcd did not answer with the new connection"))?
             .context("etcd refused the new connection")?;
         *self.client.write().expect("client lock") = c;
+        *self.tls_read.lock().expect("tls lock") = digest;
         self.generation.send_modify(|g| *g += 1);
         Ok(())
+    }
+
+    /// Whether the TLS files' contents differ from what the current
+    /// connection was made with (rotated certificates, a Secret volume's
+    /// swap): compared with the files as read at connect time, so a change
+    /// made while the agent was still starting is not missed.
+    pub(crate) fn tls_files_changed(&self) -> bool {
+        self.opts.tls_files_digest() != *self.tls_read.lock().expect("tls lock")
     }
 
     pub fn client(&self) -> Client {
