@@ -48,9 +48,9 @@ use proptest::prelude::*;
 use rand::SeedableRng as _;
 use weft::{
     lease::{
-        AcquireError, AcquireRequest, AcquireStats, Compare, HeldLease, Identity, KeyValue,
-        LeaseAttrs, Listing, NetworkConfig, Op, Store, StoreError, Subnets, TxnOutcome, acquire,
-        parse_key,
+        AcquireError, AcquireRequest, AcquireStats, Compare, HeldLease, Identity, KeepAlive,
+        KeyValue, LeaseAttrs, Listing, NetworkConfig, Op, Store, StoreError, Subnets, TxnOutcome,
+        WatchResponse, WatchStream, acquire, parse_key,
     },
     mac::MacAddr,
 };
@@ -164,7 +164,42 @@ fn may_put(owners: &HashMap<String, Owner>, writer: &Identity, key: &str) -> boo
     }
 }
 
+/// The acquisition does not follow leases or keep them alive (the holder
+/// does, tested on the crate's own in-memory etcd): this model has no
+/// watch or keep-alive to give, so neither type has a value.
+enum NotModelled {}
+
+impl WatchStream for NotModelled {
+    async fn next(&mut self) -> Result<Option<WatchResponse>, StoreError> {
+        match *self {}
+    }
+    async fn request_progress(&mut self) {
+        match *self {}
+    }
+}
+
+impl KeepAlive for NotModelled {
+    async fn renew(&mut self) -> Result<i64, StoreError> {
+        match *self {}
+    }
+}
+
 impl Store for MemStore {
+    type Watch = NotModelled;
+    type KeepAlive = NotModelled;
+
+    async fn watch(&self, _: &str, _: i64) -> Result<NotModelled, StoreError> {
+        Err(StoreError::Other(
+            "the acquisition model has no watch".into(),
+        ))
+    }
+
+    async fn keep_alive(&self, _: i64) -> Result<NotModelled, StoreError> {
+        Err(StoreError::Other(
+            "the acquisition model has no keep-alive".into(),
+        ))
+    }
+
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
         YieldOnce(false).await;
         let mut w = self.world.lock().unwrap();

@@ -48,7 +48,7 @@ const WATCH_STALE: Duration = Duration::from_secs(15);
 
 /// What the event loop drives.
 struct Agent {
-    holder: LeaseHolder,
+    holder: LeaseHolder<EtcdStore>,
     view: LeaseView,
     dataplane: Dataplane,
     metrics: Arc<Metrics>,

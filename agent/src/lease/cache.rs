@@ -10,22 +10,9 @@ use std::{collections::HashMap, sync::Arc};
 use super::{
     attrs::LeaseAttrs,
     key::{Subnets, parse_key},
-    store::{KeyValue, Listing},
+    store::{KeyValue, Listing, WatchEvent},
 };
 use crate::metrics::Metrics;
-
-/// What the watch delivers: etcd's changes as they come, and listings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum WatchEvent {
-    Put(KeyValue),
-    Delete {
-        key: String,
-        revision: i64,
-    },
-    /// Every key under the prefix at the listing's revision (after a start,
-    /// a compaction or a broken watch).
-    Listed(Listing),
-}
 
 /// A lease as seen in etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]

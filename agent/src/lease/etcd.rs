@@ -481,6 +481,9 @@ pub(crate) fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
 }
 
 impl Store for EtcdStore {
+    type Watch = super::etcd_streams::EtcdWatch;
+    type KeepAlive = super::etcd_streams::EtcdKeepAlive;
+
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
         self.list_pages(prefix, None).await
     }
@@ -573,5 +576,13 @@ impl Store for EtcdStore {
             .await
             .map_err(store_error)?;
         Ok(resp.id())
+    }
+
+    async fn watch(&self, prefix: &str, revision: i64) -> Result<Self::Watch, StoreError> {
+        Self::Watch::start(self, prefix, revision).await
+    }
+
+    async fn keep_alive(&self, lease: i64) -> Result<Self::KeepAlive, StoreError> {
+        Self::KeepAlive::start(self, lease).await
     }
 }

@@ -24,10 +24,9 @@ use super::{
     acquire::{self, AcquireError, AcquireRequest, HeldLease, Identity},
     attrs::LeaseAttrs,
     config::NetworkConfig,
-    etcd::EtcdStore,
     keeper::{self, KeeperConfig},
     key::Subnets,
-    store::Store as _,
+    store::Store,
 };
 use crate::{backoff::Backoff, metrics::Metrics};
 
@@ -93,8 +92,8 @@ pub(crate) struct Timing {
 
 /// What every acquisition of this node needs, shared by the holder and
 /// the acquisitions it starts.
-struct Context {
-    store: EtcdStore,
+struct Context<S> {
+    store: S,
     subnets_prefix: String,
     config: NetworkConfig,
     me: Identity,
@@ -103,8 +102,8 @@ struct Context {
     metrics: Arc<Metrics>,
 }
 
-pub(crate) struct LeaseHolder {
-    ctx: Arc<Context>,
+pub(crate) struct LeaseHolder<S> {
+    ctx: Arc<Context<S>>,
     rng: rand::rngs::StdRng,
     held: Option<HeldLease>,
     keeper: Option<JoinHandle<()>>,
@@ -113,9 +112,9 @@ pub(crate) struct LeaseHolder {
     claims: Claims,
 }
 
-impl LeaseHolder {
+impl<S: Store + Clone + 'static> LeaseHolder<S> {
     pub(crate) fn new(
-        store: EtcdStore,
+        store: S,
         prefix: &str,
         config: NetworkConfig,
         me: Identity,
@@ -168,7 +167,7 @@ impl LeaseHolder {
 
     /// An acquisition of a subnet (`preferred` if it is free) that owns
     /// what it needs, to run on its own task: nothing waits for it.
-    pub(crate) fn acquisition(&mut self, preferred: Option<Subnets>) -> Acquisition {
+    pub(crate) fn acquisition(&mut self, preferred: Option<Subnets>) -> Acquisition<S> {
         Acquisition {
             ctx: self.ctx.clone(),
             rng: rand::rngs::StdRng::from_rng(&mut self.rng),
@@ -259,8 +258,8 @@ impl LeaseHolder {
 /// One acquisition: retries until a subnet is held, saying why it waits.
 /// It owns what it needs, so it runs on a task of its own while the agent
 /// goes on serving lease events, pods, healing and signals.
-pub(crate) struct Acquisition {
-    ctx: Arc<Context>,
+pub(crate) struct Acquisition<S> {
+    ctx: Arc<Context<S>>,
     rng: rand::rngs::StdRng,
     /// An etcd lease granted but not (yet) attached, with when it was granted.
     spare_lease: Option<(i64, Instant)>,
@@ -268,7 +267,7 @@ pub(crate) struct Acquisition {
     preferred: Option<Subnets>,
 }
 
-impl Acquisition {
+impl<S: Store> Acquisition<S> {
     pub(crate) async fn run(mut self) -> HeldLease {
         let mut failures = 0u32;
         let started = Instant::now();
@@ -337,7 +336,7 @@ impl Acquisition {
     }
 }
 
-impl Drop for LeaseHolder {
+impl<S> Drop for LeaseHolder<S> {
     fn drop(&mut self) {
         if let Some(k) = self.keeper.take() {
             k.abort();
@@ -346,8 +345,8 @@ impl Drop for LeaseHolder {
 }
 
 /// Reads `<prefix>/config` until it exists and is valid, saying why not.
-pub(crate) async fn wait_for_config(
-    store: &EtcdStore,
+pub(crate) async fn wait_for_config<S: Store>(
+    store: &S,
     prefix: &str,
     retry_interval: Duration,
     metrics: &Metrics,

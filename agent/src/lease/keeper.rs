@@ -14,7 +14,7 @@ use tokio::{
     time::{Instant, sleep, timeout},
 };
 
-use super::etcd::{EtcdStore, store_error};
+use super::store::{KeepAlive as _, Store};
 use crate::{backoff::Backoff, metrics::Metrics};
 
 pub(crate) struct KeeperConfig {
@@ -30,8 +30,8 @@ fn interval(ttl: Duration) -> Duration {
 
 /// Runs until etcd says the lease is gone (the lease id is sent on `lost`)
 /// or the task is aborted.
-pub(crate) async fn keep_alive(
-    store: EtcdStore,
+pub(crate) async fn keep_alive<S: Store>(
+    store: S,
     cfg: KeeperConfig,
     lost: mpsc::Sender<i64>,
     metrics: Arc<Metrics>,
@@ -41,24 +41,19 @@ pub(crate) async fn keep_alive(
     let mut warned = false;
     let mut failures = 0u32;
     loop {
-        let (mut keeper, mut stream) = match store.client().lease_keep_alive(cfg.lease_id).await {
-            Ok(ks) => ks,
+        let mut renewals = match store.keep_alive(cfg.lease_id).await {
+            Ok(r) => r,
             Err(e) => {
                 metrics.inc_etcd_error();
                 failures += 1;
-                at_risk(&cfg, last_ok, &mut warned, &store_error(e).to_string());
+                at_risk(&cfg, last_ok, &mut warned, &e.to_string());
                 sleep(retry(failures, every)).await;
                 continue;
             }
         };
         loop {
-            if let Err(e) = keeper.keep_alive().await {
-                metrics.inc_etcd_error();
-                at_risk(&cfg, last_ok, &mut warned, &store_error(e).to_string());
-                break;
-            }
-            match timeout(cfg.request_timeout, stream.message()).await {
-                Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+            match timeout(cfg.request_timeout, renewals.renew()).await {
+                Ok(Ok(ttl)) if ttl > 0 => {
                     last_ok = Instant::now();
                     failures = 0;
                     if warned {
@@ -68,21 +63,16 @@ pub(crate) async fn keep_alive(
                         );
                         warned = false;
                     }
-                    let expires = unix_now() + resp.ttl();
-                    metrics.set_lease(true, expires);
+                    metrics.set_lease(true, unix_now() + ttl);
                     sleep(every).await;
                 }
-                Ok(Ok(Some(_))) => {
+                Ok(Ok(_)) => {
                     let _ = lost.send(cfg.lease_id).await;
                     return;
                 }
-                Ok(Ok(None)) => {
-                    at_risk(&cfg, last_ok, &mut warned, "keep-alive stream closed");
-                    break;
-                }
                 Ok(Err(e)) => {
                     metrics.inc_etcd_error();
-                    at_risk(&cfg, last_ok, &mut warned, &store_error(e).to_string());
+                    at_risk(&cfg, last_ok, &mut warned, &e.to_string());
                     break;
                 }
                 Err(_) => {

@@ -22,12 +22,18 @@ mod config;
 #[cfg(feature = "agent")]
 mod etcd;
 #[cfg(feature = "agent")]
+mod etcd_streams;
+#[cfg(feature = "agent")]
 mod holder;
 #[cfg(feature = "agent")]
 mod keeper;
 mod key;
+#[cfg(all(test, feature = "agent"))]
+mod layer_tests;
 #[cfg(feature = "agent")]
 mod members;
+#[cfg(all(test, feature = "agent"))]
+mod memory;
 mod pool;
 #[cfg(feature = "agent")]
 mod store;
@@ -53,12 +59,13 @@ pub use cache::Lease;
 #[cfg(feature = "agent")]
 pub use etcd::{EtcdOptions, EtcdStore};
 #[cfg(feature = "agent")]
-pub use store::{Compare, KeyValue, Listing, Op, Store, StoreError, TxnOutcome};
+pub use store::{
+    Compare, KeepAlive, KeyValue, Listing, Op, Store, StoreError, TxnOutcome, WatchEvent,
+    WatchResponse, WatchStream,
+};
 #[cfg(feature = "agent")]
 pub use validate::Rejection;
 
-#[cfg(feature = "agent")]
-pub(crate) use cache::WatchEvent;
 #[cfg(feature = "agent")]
 pub(crate) use holder::{LeaseHolder, Timing, wait_for_config};
 #[cfg(feature = "agent")]

@@ -1,6 +1,9 @@
-//! The key-value operations the lease protocol needs, as a trait: etcd
-//! implements it for real (`etcd.rs`); the model tests implement it in memory
-//! with the same compare semantics.
+//! What the lease layer needs of etcd, as a trait: the key-value operations
+//! of the acquisition, the watch that follows every lease and the keep-alive
+//! of this node's. etcd implements it for real (`etcd.rs`); the in-memory
+//! stores implement it with the same compare, revision and expiry semantics
+//! (`memory.rs` for the lease layer's own tests, the acquisition model's in
+//! `agent/tests`), so the whole layer runs without an etcd.
 //!
 //! Every write is a transaction guarded by compares; there is no plain put.
 
@@ -73,8 +76,57 @@ pub enum StoreError {
     Other(String),
 }
 
-/// The operations the lease protocol is written against.
+/// What a watch delivers: etcd's changes as they come, and listings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchEvent {
+    Put(KeyValue),
+    Delete {
+        key: String,
+        revision: i64,
+    },
+    /// Every key under the prefix at the listing's revision (after a start,
+    /// a compaction or a broken watch).
+    Listed(Listing),
+}
+
+/// One response of a watch stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchResponse {
+    /// Changes, in revision order; none for a progress notification (the
+    /// watch is current). `member`: the etcd member that answered (0 when
+    /// unknown).
+    Events {
+        events: Vec<WatchEvent>,
+        member: u64,
+    },
+    /// The watch cannot go on from where it was (its start revision was
+    /// compacted, etcd cancelled it, the connection was replaced), and why:
+    /// list again and watch from there.
+    Restart(String),
+}
+
+/// A watch of a prefix from a revision on.
+pub trait WatchStream: Send {
+    /// The next response; `Ok(None)` when the stream ended.
+    fn next(&mut self) -> impl Future<Output = Result<Option<WatchResponse>, StoreError>> + Send;
+
+    /// Asks for a progress notification (an empty [`WatchResponse::Events`]
+    /// once the watch is current). A store that cannot is silent.
+    fn request_progress(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// Renewals of one etcd lease.
+pub trait KeepAlive: Send {
+    /// Renews the lease once; its TTL left in seconds, 0 when etcd has
+    /// expired or revoked it (the keys it carried are gone).
+    fn renew(&mut self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+}
+
+/// The operations the lease layer is written against.
 pub trait Store: Send + Sync {
+    type Watch: WatchStream;
+    type KeepAlive: KeepAlive;
+
     /// All keys under `prefix`, with values, at one revision.
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Listing, StoreError>> + Send;
 
@@ -91,6 +143,20 @@ pub trait Store: Send + Sync {
 
     /// Grants a lease of `ttl` seconds; returns its id.
     fn grant(&self, ttl: i64) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
+    /// Watches the keys under `prefix` from `revision` on (after a listing
+    /// at `revision - 1`: nothing is missed in between).
+    fn watch(
+        &self,
+        prefix: &str,
+        revision: i64,
+    ) -> impl Future<Output = Result<Self::Watch, StoreError>> + Send;
+
+    /// Opens renewals of the etcd lease `lease`.
+    fn keep_alive(
+        &self,
+        lease: i64,
+    ) -> impl Future<Output = Result<Self::KeepAlive, StoreError>> + Send;
 
     /// Waits between retries. The real store sleeps; the model store makes
     /// it a scheduling point.

@@ -18,9 +18,10 @@ use ipnet::IpNet;
 
 use super::{
     acquire::{HeldLease, Identity},
-    cache::{Lease, LeaseCache, LeaseEvent, WatchEvent},
+    cache::{Lease, LeaseCache, LeaseEvent},
     config::NetworkConfig,
     key::Subnets,
+    store::WatchEvent,
     validate::{Rejection, check},
 };
 use crate::{

@@ -16,12 +16,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use etcd_client::{EventType, WatchOptions};
 use tokio::sync::{Notify, mpsc};
 
 use super::{
-    cache::{Lease, WatchEvent, parse_lease},
-    etcd::{EtcdStore, store_error, to_kv},
+    cache::{Lease, parse_lease},
+    store::{Store, WatchEvent, WatchResponse, WatchStream as _},
 };
 use crate::{backoff::Backoff, metrics::Metrics};
 
@@ -33,14 +32,13 @@ const SILENT: Duration = Duration::from_secs(5);
 
 /// Follows `<prefix>/subnets/` forever, sending events on `tx`. Returns when
 /// the receiver is gone. `moved`: a member was taken out of rotation.
-pub(crate) async fn run(
-    store: EtcdStore,
+pub(crate) async fn run<S: Store>(
+    store: S,
     subnets_prefix: String,
     tx: mpsc::Sender<WatchEvent>,
     metrics: Arc<Metrics>,
     moved: Arc<Notify>,
 ) {
-    use super::store::Store as _;
     let mut failures = 0u32;
     loop {
         let listing = match store.list(&subnets_prefix).await {
@@ -97,31 +95,25 @@ struct Watching<'a> {
     metrics: &'a Metrics,
 }
 
-async fn follow(store: &EtcdStore, w: Watching<'_>, tx: &mpsc::Sender<WatchEvent>) -> Follow {
+async fn follow<S: Store>(store: &S, w: Watching<'_>, tx: &mpsc::Sender<WatchEvent>) -> Follow {
     let Watching {
         prefix,
         revision,
         moved,
         metrics,
     } = w;
-    let opts = WatchOptions::new()
-        .with_prefix()
-        .with_prev_key()
-        .with_start_revision(revision + 1);
     let mut received = false;
     let resync = |reason: String, received: bool| Follow::Resync { reason, received };
-    let mut generation = store.generation();
-    generation.mark_unchanged();
-    let mut stream = match store.client().watch(prefix, Some(opts)).await {
+    let mut stream = match store.watch(prefix, revision + 1).await {
         Ok(s) => s,
-        Err(e) => return resync(format!("cannot start the watch: {}", store_error(e)), false),
+        Err(e) => return resync(format!("cannot start the watch: {e}"), false),
     };
     let mut progress = tokio::time::interval(PROGRESS_EVERY);
     progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut heard = tokio::time::Instant::now();
     loop {
         let next = tokio::select! {
-            m = stream.message() => m,
+            m = stream.next() => m,
             _ = progress.tick() => {
                 if heard.elapsed() > SILENT {
                     return resync(
@@ -129,61 +121,29 @@ async fn follow(store: &EtcdStore, w: Watching<'_>, tx: &mpsc::Sender<WatchEvent
                         received,
                     );
                 }
-                // An old etcd without progress requests just never answers:
+                // A store without progress requests just never answers:
                 // then events (or the silence check) keep the watch honest.
-                let _ = stream.request_progress().await;
+                stream.request_progress().await;
                 continue;
             }
             () = moved.notified() => {
                 return resync("its etcd member may have been taken out of rotation".into(), received);
             }
-            _ = generation.changed() => {
-                return resync("the etcd client was replaced".into(), received);
-            }
         };
-        let resp = match next {
-            Ok(Some(r)) => r,
+        let (events, member) = match next {
+            Ok(Some(WatchResponse::Events { events, member })) => (events, member),
+            Ok(Some(WatchResponse::Restart(reason))) => return resync(reason, received),
             Ok(None) => return resync("the watch stream ended".into(), received),
-            Err(e) => {
-                return resync(
-                    format!("the watch stream broke: {}", store_error(e)),
-                    received,
-                );
-            }
+            Err(e) => return resync(format!("the watch stream broke: {e}"), received),
         };
         heard = tokio::time::Instant::now();
         metrics.watch_confirmed();
-        if let Some(h) = resp.header() {
-            metrics.set_watch_member(h.member_id());
-        }
-        if resp.compact_revision() > 0 {
-            return resync(
-                format!(
-                    "revision {} was compacted (oldest kept: {})",
-                    revision + 1,
-                    resp.compact_revision()
-                ),
-                received,
-            );
-        }
-        if resp.canceled() {
-            return resync(
-                format!("the watch was cancelled: {}", resp.cancel_reason()),
-                received,
-            );
+        if member != 0 {
+            metrics.set_watch_member(member);
         }
         received = true;
-        for ev in resp.events() {
-            let Some(kv) = ev.kv() else { continue };
-            let kv = to_kv(kv);
-            let out = match ev.event_type() {
-                EventType::Put => WatchEvent::Put(kv),
-                EventType::Delete => WatchEvent::Delete {
-                    key: kv.key,
-                    revision: kv.mod_revision,
-                },
-            };
-            if tx.send(out).await.is_err() {
+        for ev in events {
+            if tx.send(ev).await.is_err() {
                 return Follow::ReceiverGone;
             }
         }
@@ -196,11 +156,10 @@ fn retry_delay(failures: u32) -> Duration {
 
 /// Reads every lease once (for `weft leases`): the leases, and the keys
 /// that are not leases, with why.
-pub(crate) async fn list_once(
-    store: &EtcdStore,
+pub(crate) async fn list_once<S: Store>(
+    store: &S,
     prefix: &str,
 ) -> anyhow::Result<(Vec<Lease>, Vec<(String, String)>)> {
-    use super::store::Store as _;
     let listing = store.list(prefix).await?;
     let mut leases = Vec::new();
     let mut bad = Vec::new();
