@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use anyhow::Result;
 use ipnet::Ipv4Net;
 use weft::{
-    dataplane::{DataplaneSpec, Overlay, Peer, XdpMode},
+    dataplane::{Dataplane, DataplaneSpec, Peer, PeerUpdate, XdpMode},
     lease::Subnets,
     mac::MacAddr,
 };
@@ -70,8 +70,10 @@ pub fn spec(node: &Node, subnet: Ipv4Net, pins: &TestPins, mode: XdpMode) -> Set
 /// keep working with no process holding them.
 pub fn install(node: &Node, setup: Setup, peers: Vec<Peer>) -> Result<Vec<String>> {
     with_overlay(node, setup, async move |o| {
-        for p in peers {
-            o.upsert(p).await?;
+        let updates: Vec<PeerUpdate> = peers.into_iter().map(PeerUpdate::Upsert).collect();
+        o.apply(&updates).await?;
+        if let Some(p) = o.problems().first() {
+            anyhow::bail!("peer {}: {}", p.peer.subnet, p.error);
         }
         Ok(o.attachments()
             .iter()
@@ -87,22 +89,19 @@ pub fn install(node: &Node, setup: Setup, peers: Vec<Peer>) -> Result<Vec<String
     })
 }
 
-/// Runs `f` with the node's overlay (set up again, adopting what is pinned).
+/// Runs `f` with the node's dataplane, as the agent drives it (set up
+/// again, adopting what is pinned).
 pub fn with_overlay<T: Send + 'static>(
     node: &Node,
     setup: Setup,
-    f: impl AsyncFnOnce(&mut Overlay) -> Result<T> + Send + 'static,
+    f: impl AsyncFnOnce(&mut Dataplane) -> Result<T> + Send + 'static,
 ) -> Result<T> {
     node.ns.run(move || -> Result<T> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         rt.block_on(async move {
-            let own = Subnets {
-                v4: Some(setup.subnet),
-                v6: setup.subnet6,
-            };
-            let mut o = Overlay::setup(&setup.spec, own).await?;
+            let mut o = up(setup).await?;
             f(&mut o).await
         })
     })?
@@ -130,7 +129,7 @@ impl Drop for Running {
 pub fn run_overlay(
     node: &Node,
     setup: Setup,
-    f: impl AsyncFnOnce(&mut Overlay) -> Result<()> + Send + 'static,
+    f: impl AsyncFnOnce(&mut Dataplane) -> Result<()> + Send + 'static,
 ) -> Result<Running> {
     let file = std::fs::File::open(node.ns.path())?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
@@ -156,11 +155,7 @@ pub fn run_overlay(
             }
         };
         rt.block_on(async move {
-            let own = Subnets {
-                v4: Some(setup.subnet),
-                v6: setup.subnet6,
-            };
-            let mut o = match Overlay::setup(&setup.spec, own).await {
+            let mut o = match up(setup).await {
                 Ok(o) => o,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -183,6 +178,17 @@ pub fn run_overlay(
         stop: Some(stop_tx),
         thread: Some(thread),
     })
+}
+
+/// The dataplane of `setup`, up around its subnets.
+async fn up(setup: Setup) -> Result<Dataplane> {
+    let mut d = Dataplane::ebpf(setup.spec);
+    d.set_subnet(Subnets {
+        v4: Some(setup.subnet),
+        v6: setup.subnet6,
+    })
+    .await?;
+    Ok(d)
 }
 
 /// The peer entry for `node` serving `subnet`.

@@ -21,7 +21,7 @@ mod netlink;
 mod nfnetlink;
 mod nftables;
 mod overlay;
-pub mod selftest;
+pub(crate) mod selftest;
 mod sysctl;
 mod teardown;
 mod trace;
@@ -40,22 +40,24 @@ pub(crate) use endpoints::pod_ifs;
 pub use endpoints::{EndpointSpec, EndpointSync};
 pub use loader::{Attachment, Hook, LoadOptions, Loaded, detach, ifindex};
 pub use maps::{Counters, EndpointMap, PeerMaps};
-pub use overlay::{Healed, Overlay, device_name, device6_name};
-pub use types::*;
+pub(crate) use overlay::{Healed, Overlay, device_name, device6_name};
+pub use types::{DataplaneSpec, HostRouting, Peer, PeerUpdate, XdpMode};
+pub(crate) use types::{DecapChoice, DecapHook, Family};
 
 pub(crate) use conntrack::LiberalStats;
 pub(crate) use events::watch as watch_changes;
 pub(crate) use loader::{pinned_links, pinned_program};
 pub(crate) use netlink::{Link, Netlink};
-pub(crate) use overlay::{Problem, ProblemKind};
+pub use overlay::{Problem, ProblemKind};
 pub(crate) use sysctl::{read as read_sysctl, read_iface as read_iface_sysctl};
 pub(crate) use teardown::teardown;
 
 use crate::lease::Subnets;
 
 /// The dataplane as the agent drives it: the eBPF datapath, or none at all
-/// (control plane only: the peer table is kept and logged).
-pub(crate) struct Dataplane {
+/// (control plane only: the peer table is kept and logged). The seam the
+/// integration tests and benchmarks drive too.
+pub struct Dataplane {
     kind: Kind,
     /// Whether the peer set has been complete once: the first time, pinned
     /// peers that are not in it go (leases that vanished while the agent
@@ -80,7 +82,7 @@ impl Dataplane {
         })
     }
 
-    pub(crate) fn ebpf(spec: DataplaneSpec) -> Self {
+    pub fn ebpf(spec: DataplaneSpec) -> Self {
         Self::with(Kind::Ebpf {
             spec,
             overlay: None,
@@ -96,7 +98,7 @@ impl Dataplane {
 
     /// Our subnets are (now) `subnets` (IPv4, IPv6): the first call sets
     /// the dataplane up around them, later calls move it to new ones.
-    pub(crate) async fn set_subnet(&mut self, subnets: Subnets) -> Result<()> {
+    pub async fn set_subnet(&mut self, subnets: Subnets) -> Result<()> {
         match &mut self.kind {
             Kind::Off { .. } => {
                 tracing::debug!(?subnets, "own subnets (no datapath)");
@@ -121,7 +123,7 @@ impl Dataplane {
     }
 
     /// Applies peer updates, in order.
-    pub(crate) async fn apply(&mut self, updates: &[PeerUpdate]) -> Result<()> {
+    pub async fn apply(&mut self, updates: &[PeerUpdate]) -> Result<()> {
         for u in updates {
             match u {
                 PeerUpdate::Upsert(p) => {
@@ -186,13 +188,23 @@ impl Dataplane {
     }
 
     /// Makes host routing's local pods match the registered endpoints.
-    pub(crate) async fn sync_endpoints(&mut self, want: &[EndpointSpec]) -> Result<EndpointSync> {
+    pub async fn sync_endpoints(&mut self, want: &[EndpointSpec]) -> Result<EndpointSync> {
         match &mut self.kind {
             Kind::Ebpf {
                 spec,
                 overlay: Some(o),
             } if spec.host_routing != HostRouting::Legacy => o.sync_endpoints(want).await,
             _ => Ok(EndpointSync::default()),
+        }
+    }
+
+    /// The programs attached, and where (once the eBPF dataplane is up).
+    pub fn attachments(&self) -> &[Attachment] {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => o.attachments(),
+            _ => &[],
         }
     }
 
@@ -218,7 +230,7 @@ impl Dataplane {
     }
 
     /// Peers not (fully) programmed.
-    pub(crate) fn problems(&self) -> Vec<Problem> {
+    pub fn problems(&self) -> Vec<Problem> {
         match &self.kind {
             Kind::Ebpf {
                 overlay: Some(o), ..

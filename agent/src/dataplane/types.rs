@@ -229,7 +229,7 @@ impl DataplaneSpec {
 
 /// Where decapsulation runs on the uplink.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecapHook {
+pub(crate) enum DecapHook {
     /// XDP in the driver.
     XdpNative,
     /// XDP on the socket buffer.
@@ -239,22 +239,18 @@ pub enum DecapHook {
 }
 
 impl DecapHook {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DecapHook::XdpNative => "xdp-native",
             DecapHook::XdpGeneric => "xdp-generic",
             DecapHook::Tc => "tc",
         }
     }
-
-    pub fn is_xdp(self) -> bool {
-        self != DecapHook::Tc
-    }
 }
 
 /// Where decapsulation runs on the uplink, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DecapChoice {
+pub(crate) struct DecapChoice {
     pub hook: DecapHook,
     pub why: String,
 }

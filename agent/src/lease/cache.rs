@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 
 /// A lease as seen in etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
+pub(crate) struct Lease {
     pub subnet: Subnets,
     pub key: String,
     pub attrs: LeaseAttrs,

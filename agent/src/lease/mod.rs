@@ -55,16 +55,12 @@ pub use subnet_file::{
 #[cfg(feature = "agent")]
 pub use acquire::{AcquireError, AcquireRequest, AcquireStats, HeldLease, Identity, acquire};
 #[cfg(feature = "agent")]
-pub use cache::Lease;
-#[cfg(feature = "agent")]
 pub use etcd::{EtcdOptions, EtcdStore};
 #[cfg(feature = "agent")]
 pub use store::{
     Compare, KeepAlive, KeyValue, Listing, Op, Store, StoreError, TxnOutcome, WatchEvent,
     WatchResponse, WatchStream,
 };
-#[cfg(feature = "agent")]
-pub use validate::Rejection;
 
 #[cfg(feature = "agent")]
 pub(crate) use holder::{LeaseHolder, Timing, wait_for_config};

@@ -22,7 +22,7 @@ use crate::{dataplane::Peer, mac::MacAddr};
 
 /// Why a lease is not programmed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     /// Not a vxlan lease.
     Backend(String),
     /// The VNI in the backend data is not the network's.
@@ -52,7 +52,7 @@ pub enum Rejection {
 
 impl Rejection {
     /// Every metric label, for a complete `weft_leases_rejected` series.
-    pub const REASONS: [&'static str; 12] = [
+    pub(crate) const REASONS: [&'static str; 12] = [
         "backend",
         "vni",
         "backend_data",
@@ -68,7 +68,7 @@ impl Rejection {
     ];
 
     /// The `reason` label of `weft_leases_rejected`.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Rejection::Backend(_) => "backend",
             Rejection::Vni(_) => "vni",

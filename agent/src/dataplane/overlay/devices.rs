@@ -17,12 +17,12 @@ use super::super::{
 use crate::lease::Subnets;
 
 /// The overlay device's name for a VNI (flannel: `flannel.<VNI>`).
-pub fn device_name(vni: u32) -> String {
+pub(crate) fn device_name(vni: u32) -> String {
     format!("weft.{vni}")
 }
 
 /// The IPv6 overlay device's name for a VNI (flannel: `flannel-v6.<VNI>`).
-pub fn device6_name(vni: u32) -> String {
+pub(crate) fn device6_name(vni: u32) -> String {
     format!("weft-v6.{vni}")
 }
 

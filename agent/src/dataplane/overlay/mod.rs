@@ -30,11 +30,11 @@ use std::{
     sync::Arc,
 };
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use ipnet::IpNet;
 
-pub use devices::{device_name, device6_name};
-pub(crate) use peers::{Problem, ProblemKind};
+pub(crate) use devices::{device_name, device6_name};
+pub use peers::{Problem, ProblemKind};
 
 use self::{
     devices::{Devices, all_device_names},
@@ -55,7 +55,7 @@ use super::{
 use crate::lease::Subnets;
 
 /// The eBPF datapath on one node.
-pub struct Overlay {
+pub(crate) struct Overlay {
     spec: DataplaneSpec,
     subnets: Subnets,
     nl: Netlink,
@@ -73,7 +73,7 @@ pub struct Overlay {
 
 /// What one pass of [`Overlay::heal`] did.
 #[derive(Debug, Default)]
-pub struct Healed {
+pub(crate) struct Healed {
     /// What was found missing and put back (`device`, `address`,
     /// `programs`, `routes`, `sysctls`, `nftables`, `forward_rules`).
     pub repairs: Vec<&'static str>,
@@ -101,7 +101,7 @@ impl Overlay {
     /// A failure leaves the node as it was: a node that had no Weft
     /// dataplane has nothing left behind; one that had a running dataplane
     /// keeps it (still forwarding with the programs it had).
-    pub async fn setup(spec: &DataplaneSpec, subnets: Subnets) -> Result<Self> {
+    pub(crate) async fn setup(spec: &DataplaneSpec, subnets: Subnets) -> Result<Self> {
         let fresh = !spec.pins.has_links();
         match Self::setup_inner(spec.clone(), subnets).await {
             Ok(o) => Ok(o),
@@ -204,16 +204,16 @@ impl Overlay {
 
     /// The pods' MTU: the smallest of the overlay devices' (IPv6 needs 20
     /// bytes more than IPv4, and one pod interface carries both).
-    pub fn mtu(&self) -> u32 {
+    pub(crate) fn mtu(&self) -> u32 {
         self.devices.pods_mtu(&self.spec, &self.subnets)
     }
 
     /// The subnets of the peers reached without encapsulation.
-    pub fn direct(&self) -> &HashSet<IpNet> {
+    pub(crate) fn direct(&self) -> &HashSet<IpNet> {
         self.table.direct()
     }
 
-    pub fn counters(&self) -> Arc<Counters> {
+    pub(crate) fn counters(&self) -> Arc<Counters> {
         self.counters.clone()
     }
 
@@ -222,16 +222,16 @@ impl Overlay {
         self.liberal.clone()
     }
 
-    pub fn attachments(&self) -> &[Attachment] {
+    pub(crate) fn attachments(&self) -> &[Attachment] {
         &self.programs.attachments
     }
 
-    pub fn peers(&self) -> &HashMap<IpNet, Peer> {
+    pub(crate) fn peers(&self) -> &HashMap<IpNet, Peer> {
         self.table.peers()
     }
 
     /// Where decapsulation runs, and why.
-    pub fn decap(&self) -> &DecapChoice {
+    pub(crate) fn decap(&self) -> &DecapChoice {
         &self.programs.decap
     }
 
@@ -242,7 +242,7 @@ impl Overlay {
 
     /// Makes the local pods host routing reaches match the registered
     /// endpoints `want`.
-    pub async fn sync_endpoints(&mut self, want: &[EndpointSpec]) -> Result<EndpointSync> {
+    pub(crate) async fn sync_endpoints(&mut self, want: &[EndpointSpec]) -> Result<EndpointSync> {
         let mut not_pods = all_device_names(self.spec.vni).to_vec();
         not_pods.push(self.spec.uplink.clone());
         let scope = Scope {
@@ -262,7 +262,7 @@ impl Overlay {
     }
 
     /// Our own subnets changed (the lease was lost and re-acquired).
-    pub async fn set_subnet(&mut self, subnets: Subnets) -> Result<()> {
+    pub(crate) async fn set_subnet(&mut self, subnets: Subnets) -> Result<()> {
         if subnets == self.subnets {
             return Ok(());
         }
@@ -273,20 +273,10 @@ impl Overlay {
         self.table.reroute(&routing!(self)).await
     }
 
-    /// Installs or replaces one peer: the map entry is replaced in place, so
-    /// no packet sees the subnet without a VTEP or with a half-written one.
-    pub async fn upsert(&mut self, p: Peer) -> Result<()> {
-        self.apply_batch(&[PeerUpdate::Upsert(p)]).await?;
-        match self.table.problem(&p.subnet) {
-            Some(pr) => bail!("peer {}: {}", p.subnet, pr.error),
-            None => Ok(()),
-        }
-    }
-
     /// Applies many updates at once (see [`PeerTable`]): a peer that cannot
     /// be programmed is recorded as a problem and retried; it never stops
     /// the others.
-    pub async fn apply_batch(&mut self, updates: &[PeerUpdate]) -> Result<()> {
+    pub(crate) async fn apply_batch(&mut self, updates: &[PeerUpdate]) -> Result<()> {
         self.table.apply(&routing!(self), updates).await
     }
 
@@ -295,14 +285,9 @@ impl Overlay {
         self.table.retry(&routing!(self)).await
     }
 
-    /// Removes the peer of `subnet`; returns whether the map had it.
-    pub async fn remove(&mut self, subnet: IpNet) -> bool {
-        self.table.remove(&routing!(self), subnet).await
-    }
-
     /// Removes every peer not in `keep` (after adopting a pinned map, for
     /// leases that vanished while the agent was away).
-    pub async fn retain(&mut self, keep: &HashSet<IpNet>) -> Result<usize> {
+    pub(crate) async fn retain(&mut self, keep: &HashSet<IpNet>) -> Result<usize> {
         Ok(self.table.retain(&routing!(self), keep).await)
     }
 
@@ -312,7 +297,7 @@ impl Overlay {
     /// Weft's routes and its netfilter rules. Also follows the uplink's
     /// MTU. Cheap when nothing is missing (a few netlink requests), so it
     /// runs every few seconds and whenever rtnetlink reports a change.
-    pub async fn heal(&mut self) -> Result<Healed> {
+    pub(crate) async fn heal(&mut self) -> Result<Healed> {
         let mut h = Healed::default();
         let pods_mtu = self.mtu();
         let dh = self

@@ -26,7 +26,7 @@ const PROBLEM_RETRY: Backoff = Backoff::new(Duration::from_secs(1), Duration::fr
 
 /// What keeps a peer from being fully programmed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum ProblemKind {
+pub enum ProblemKind {
     /// The peer map is full (`--max-peers`): the peer is not in it.
     MapFull,
     /// The map entry failed for another reason.
@@ -50,10 +50,10 @@ impl ProblemKind {
 
 /// A peer that could not be programmed fully, retried with backoff.
 #[derive(Clone, Debug)]
-pub(crate) struct Problem {
-    pub(crate) peer: Peer,
-    pub(crate) kind: ProblemKind,
-    pub(crate) error: String,
+pub struct Problem {
+    pub peer: Peer,
+    pub kind: ProblemKind,
+    pub error: String,
     attempts: u32,
     retry_at: Instant,
 }
@@ -120,10 +120,6 @@ impl PeerTable {
 
     pub(super) fn problems(&self) -> impl Iterator<Item = &Problem> {
         self.problems.values()
-    }
-
-    pub(super) fn problem(&self, subnet: &IpNet) -> Option<&Problem> {
-        self.problems.get(subnet)
     }
 
     /// The route to `p`'s subnet: through its family's overlay device, or

@@ -26,7 +26,7 @@ use super::{Counters, EndpointMap, LoadOptions, Loaded, PeerMaps, PinDir, is_bpf
 
 /// One case's outcome.
 #[derive(Clone, Debug)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub name: String,
     pub program: &'static str,
     /// Why it failed; None: it passed.
@@ -35,7 +35,7 @@ pub struct Outcome {
 
 /// Runs every golden case with the programs of this binary, in a private
 /// pin directory under `bpffs` (a mounted bpf filesystem), removed after.
-pub fn run(bpffs: &Path) -> Result<Vec<Outcome>> {
+pub(crate) fn run(bpffs: &Path) -> Result<Vec<Outcome>> {
     let dir = Private::create(bpffs)?;
     let mut loaded = Loaded::load(&dir.pins, &LoadOptions::default())
         .context("loading the programs for the self-test")?;
