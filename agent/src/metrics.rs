@@ -32,7 +32,6 @@ pub(crate) struct Metrics {
     watch_resyncs: AtomicU64,
     malformed_leases: AtomicU64,
     leases_lost: AtomicU64,
-    acquisitions: AtomicU64,
     out_of_subnets: AtomicU64,
     lease_changes_applied: AtomicU64,
     lease_held: AtomicBool,
@@ -157,7 +156,6 @@ impl Metrics {
     }
 
     pub(crate) fn observe_acquire(&self, took: Duration) {
-        self.acquisitions.fetch_add(1, Relaxed);
         let s = took.as_secs_f64();
         let mut h = self.acquire_hist.lock().expect("metrics lock");
         for (i, b) in ACQUIRE_BUCKETS.iter().enumerate() {

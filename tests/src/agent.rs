@@ -48,6 +48,9 @@ pub struct Agent {
     env: Vec<(String, String)>,
     /// A cgroup (its directory) the process starts in.
     cgroup: Option<PathBuf>,
+    /// The loopback port of the health and metrics server the helper gave
+    /// an agent in the host's namespace (unless its arguments name one).
+    healthz_port: Option<u16>,
 }
 
 impl Agent {
@@ -128,6 +131,7 @@ impl Agent {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             cgroup: None,
+            healthz_port: healthz_port(ns, args)?,
         };
         a.spawn()?;
         Ok(a)
@@ -153,6 +157,7 @@ impl Agent {
             netns: ns.map(|n| n.name().to_string()),
             env: Vec::new(),
             cgroup: Some(cgroup.to_path_buf()),
+            healthz_port: healthz_port(ns, args)?,
         };
         a.spawn()?;
         Ok(a)
@@ -177,6 +182,14 @@ impl Agent {
         }
         if !self.args.iter().any(|a| a == "--state-dir") {
             cmd.arg("--state-dir").arg(self.state_dir());
+        }
+        if let Some(port) = self.healthz_port {
+            cmd.args([
+                "--healthz-ip",
+                "127.0.0.1",
+                "--healthz-port",
+                &port.to_string(),
+            ]);
         }
         if let Some(cg) = &self.cgroup {
             let procs =
@@ -329,6 +342,59 @@ impl Agent {
         )
     }
 
+    /// One series (`name{labels}`) of the agent's `/metrics`: None while
+    /// it is not served (not up yet) or the series is absent. For agents
+    /// in the host's namespace (the helper gives them a loopback port).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        use std::io::{Read as _, Write as _};
+        let port = self.healthz_port?;
+        let addr = (std::net::Ipv4Addr::LOCALHOST, port).into();
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| l.rsplit_once(' ').filter(|(k, _)| *k == series))
+            .and_then(|(_, v)| v.trim().parse().ok())
+    }
+
+    /// Waits until the series `series` of the agent's `/metrics` satisfies
+    /// `ok`; returns its value.
+    pub fn wait_metric(
+        &self,
+        series: &str,
+        ok: impl Fn(f64) -> bool,
+        within: Duration,
+    ) -> Result<f64> {
+        if let Some(v) = poll(within, || self.metric(series).filter(|v| ok(*v))) {
+            return Ok(v);
+        }
+        bail!(
+            "{}: {series} is {:?} after {within:?}; log:\n{}",
+            self.name,
+            self.metric(series),
+            self.log()
+        )
+    }
+
+    /// Waits until the agent holds a lease it acquired `n` times since it
+    /// started (`weft_lease_held` and the acquisition histogram's count).
+    pub fn wait_acquired(&self, n: usize, within: Duration) -> Result<()> {
+        self.wait_metric(
+            "weft_lease_acquire_seconds_count",
+            |v| v >= n as f64,
+            within,
+        )?;
+        self.wait_metric("weft_lease_held", |v| v == 1.0, within)?;
+        Ok(())
+    }
+
     /// Waits until the agent has written its subnet file `n` times (it logs
     /// the write after the file is in place); returns what the file names.
     pub fn wait_subnet_written(&self, n: usize, within: Duration) -> Result<String> {
@@ -390,6 +456,16 @@ impl Drop for Agent {
 
 /// Polls `f` every 25 ms until it returns Some (that), or `within` passes
 /// (None).
+/// The loopback port an agent in the host's namespace serves /metrics on
+/// (one free at the time of asking), unless its arguments name a port.
+fn healthz_port(ns: Option<&Netns>, args: &[String]) -> Result<Option<u16>> {
+    if ns.is_some() || args.iter().any(|x| x == "--healthz-port") {
+        return Ok(None);
+    }
+    let l = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
+    Ok(Some(l.local_addr()?.port()))
+}
+
 pub fn poll<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + within;
     loop {

@@ -118,7 +118,7 @@ async fn seed_scenario_a_stale_subnet_file_never_overwrites_another_nodes_lease(
         Some(&sa),
     )
     .unwrap();
-    b.wait_log("acquired the subnet lease", T).unwrap();
+    b.wait_acquired(1, T).unwrap();
     // B took the free subnet it preferred: the key names B.
     let b_before = get(&mut c, &a_key).await.unwrap();
     assert!(b_before.value.contains("\"WeftNodeID\":\"node-b\""));
@@ -172,16 +172,17 @@ async fn expiry_while_paused_never_writes_the_new_owners_key() {
         Some(&sa),
     )
     .unwrap();
-    b.wait_log("acquired the subnet lease", T).unwrap();
+    b.wait_acquired(1, T).unwrap();
     let b_key = get(&mut c, &key).await.expect("B holds A's old subnet");
     assert!(b_key.value.contains("node-b"));
 
     a.resume();
-    a.wait_log("SUBNET LEASE LOST", T).unwrap();
+    a.wait_metric("weft_lease_lost_total", |n| n == 1.0, T)
+        .unwrap();
     let sa2 = eventually("A moves to another subnet", T, || {
         a.subnet().filter(|s| *s != sa)
     });
-    a.wait_log_count("acquired the subnet lease", 2, T).unwrap();
+    a.wait_acquired(2, T).unwrap();
     let a2 = get(&mut c, &key_of(&sa2)).await.unwrap();
     assert!(a2.value.contains("node-a"));
 
@@ -231,7 +232,9 @@ async fn race_of_50_agents_for_31_subnets() {
     let without: Vec<&Agent> = agents.iter().filter(|a| a.subnet().is_none()).collect();
     assert_eq!(without.len(), 19);
     for a in &without {
-        a.wait_log("out of subnets: all 31 subnets", T).unwrap();
+        a.wait_metric("weft_out_of_subnets_total", |n| n >= 1.0, T)
+            .unwrap();
+        assert_eq!(a.metric("weft_lease_held"), Some(0.0));
     }
     // Exactly one owner per subnet: distinct subnet files, and each key in
     // etcd names the agent whose file names it.
@@ -303,7 +306,9 @@ async fn restart_keeps_the_subnet_and_a_clone_never_shares_it() {
     )
     .unwrap();
     for agent in [&a, &clone] {
-        agent.wait_log("PUBLIC IP CONFLICT", T).unwrap();
+        agent
+            .wait_metric("weft_public_ip_conflict", |v| v == 1.0, T)
+            .unwrap();
     }
     let leases = all_leases(&mut c).await;
     assert_eq!(leases.len(), 1, "one key for the address: {leases:?}");
@@ -368,7 +373,7 @@ async fn reservations_are_honoured() {
     // Restarting R keeps the reservation, still without a TTL.
     let mut r = r;
     r.restart().unwrap();
-    r.wait_log_count("acquired the subnet lease", 2, T).unwrap();
+    r.wait_acquired(1, T).unwrap();
     assert_eq!(get(&mut c, &r_key).await.unwrap().lease, 0);
     drop(q);
 }
@@ -401,8 +406,12 @@ async fn malformed_config_and_lease_values() {
     .unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(m.running(), "a bad config is not fatal");
-    assert!(
-        !m.log().contains("acquired"),
+    assert_eq!(
+        (
+            m.metric("weft_lease_held"),
+            m.metric("weft_lease_acquire_seconds_count")
+        ),
+        (Some(0.0), Some(0.0)),
         "nothing acquired with a bad config"
     );
     assert_eq!(all_leases(&mut c).await.len(), 2, "nothing written");
@@ -415,9 +424,9 @@ async fn malformed_config_and_lease_values() {
         s, "10.5.3.1/24",
         "a key with a garbage value is still taken"
     );
-    m.wait_log("skipping a malformed lease", T).unwrap();
-    m.wait_log(&garbage_key, T).unwrap();
-    m.wait_log("banana", T).unwrap();
+    // Both malformed keys skipped (`weft leases` below names them).
+    m.wait_metric("weft_malformed_leases_total", |n| n == 2.0, T)
+        .unwrap();
     let g = get(&mut c, &garbage_key).await.unwrap();
     assert_eq!(
         (g.value.as_str(), g.version),
@@ -437,7 +446,8 @@ async fn malformed_config_and_lease_values() {
     )
     .await
     .unwrap();
-    m.wait_log("10.5.4.0-24", T).unwrap();
+    m.wait_metric("weft_malformed_leases_total", |n| n == 3.0, T)
+        .unwrap();
     m.wait_log(
         "peer subnet=10.5.5.0/24 vtep=198.18.0.50 mac=aa:bb:cc:dd:ee:01",
         T,
@@ -446,7 +456,9 @@ async fn malformed_config_and_lease_values() {
 
     let (ok, out, _) = weft(&["leases", "--etcd-endpoints", &etcd.endpoint]);
     assert!(ok);
-    assert!(out.contains(&format!("malformed: {garbage_key}")), "{out}");
+    for key in [&garbage_key, &badkey] {
+        assert!(out.contains(&format!("malformed: {key}")), "{out}");
+    }
     assert!(
         out.contains("10.5.5.0/24")
             && out.contains("aa:bb:cc:dd:ee:01")
@@ -462,7 +474,8 @@ async fn etcd_started_late() {
     weft_tests::require_root();
     let mut etcd = Etcd::prepare().unwrap();
     let a = Agent::start("a", None, &args(&etcd, "node-a", "198.18.0.1", 600)).unwrap();
-    a.wait_log("etcd unreachable; retrying", T).unwrap();
+    a.wait_metric("weft_etcd_errors_total", |n| n >= 1.0, T)
+        .unwrap();
     assert!(a.subnet().is_none());
     etcd.launch().unwrap();
     let mut c = etcd.client().await;
@@ -511,7 +524,7 @@ async fn lease_json_is_flannels_both_ways() {
 
     // Removal is seen with the full previous value.
     c.delete(flannel_key.as_str(), None).await.unwrap();
-    a.wait_log("peer removed subnet=10.5.200.0/24", T).unwrap();
+    a.wait_metric("weft_peers", |n| n == 0.0, T).unwrap();
 }
 
 /// Deleting a node's key (an operator, a bad script) is noticed at once:
@@ -524,7 +537,8 @@ async fn a_deleted_key_is_reacquired() {
     let key = key_of(&s);
     let before = get(&mut c, &key).await.unwrap();
     c.delete(key.as_str(), None).await.unwrap();
-    a.wait_log("SUBNET LEASE LOST", T).unwrap();
+    a.wait_metric("weft_lease_lost_total", |n| n == 1.0, T)
+        .unwrap();
     let after = eventually("A re-creates its key", T, || {
         let mut c2 = futures_block(etcd.client());
         futures_block(get(&mut c2, &key)).filter(|kv| kv.create_revision != before.create_revision)

@@ -169,7 +169,8 @@ async fn race_of_40_agents_for_31_dual_stack_subnets() {
     assert_eq!((v4.len(), v6.len()), (31, 31), "no subnet held twice");
     for (i, a) in agents.iter().enumerate() {
         if held.iter().all(|(j, _)| *j != i) {
-            a.wait_log("out of subnets", T).unwrap();
+            a.wait_metric("weft_out_of_subnets_total", |n| n >= 1.0, T)
+                .unwrap();
         }
         assert!(a.running(), "{} runs", a.name);
     }
@@ -242,7 +243,9 @@ async fn restart_keeps_both_subnets_and_a_clone_shares_neither() {
     )
     .unwrap();
     for agent in [&a, &clone] {
-        agent.wait_log("PUBLIC IP CONFLICT", T).unwrap();
+        agent
+            .wait_metric("weft_public_ip_conflict", |v| v == 1.0, T)
+            .unwrap();
     }
     let keys = leases(&mut c).await;
     assert_eq!(keys.len(), 1, "one key for both subnets: {keys:?}");
