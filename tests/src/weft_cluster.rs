@@ -265,6 +265,14 @@ impl WeftNode {
         self.metrics().get(series).copied().unwrap_or(0.0)
     }
 
+    /// Waits until one series of the agent's `/metrics` satisfies `ok`;
+    /// returns its value.
+    pub fn wait_metric(&self, series: &str, ok: impl Fn(f64) -> bool, within: Duration) -> f64 {
+        crate::agent::eventually(&format!("{}: {series}", self.agent.name), within, || {
+            Some(self.metric(series)).filter(|v| ok(*v))
+        })
+    }
+
     /// The agent's status report (`<state-dir>/status.json`), once written.
     pub fn status_json(&self) -> Option<serde_json::Value> {
         let text = std::fs::read_to_string(self.agent.state_dir().join("status.json")).ok()?;

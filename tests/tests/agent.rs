@@ -24,7 +24,8 @@ fn cluster_from_cold_join_and_lease_deletion() {
     c.wait_meshed(T);
     c.all_pairs_reach().unwrap();
     for n in &c.nodes {
-        n.agent.wait_log("acquired the subnet lease", T).unwrap();
+        assert_eq!(n.metric("weft_lease_held"), 1.0);
+        assert_eq!(n.metric("weft_lease_acquire_seconds_count"), 1.0);
         assert!(!n.agent.log().contains("ERROR"), "{}", n.agent.log());
     }
 
@@ -72,11 +73,9 @@ fn cluster_from_cold_join_and_lease_deletion() {
         "node 2's pods are unreachable"
     );
     c.nodes[1].agent.resume();
-    c.nodes[1].agent.wait_log("SUBNET LEASE LOST", T).unwrap();
-    c.nodes[1]
-        .agent
-        .wait_log_count("acquired the subnet lease", 2, T)
-        .unwrap();
+    c.nodes[1].wait_metric("weft_lease_lost_total", |n| n == 1.0, T);
+    c.nodes[1].wait_metric("weft_lease_acquire_seconds_count", |n| n == 2.0, T);
+    c.nodes[1].wait_metric("weft_lease_held", |v| v == 1.0, T);
     eventually("node 2 is back in every map", T, || {
         [0, 2, 3]
             .iter()
@@ -203,11 +202,10 @@ fn restart_resyncs_vanished_peers() {
         "the pinned map still has it"
     );
     c.nodes[0].agent.restart().unwrap();
-    c.nodes[0]
-        .agent
-        .wait_log("removed peers whose leases vanished", T)
-        .unwrap();
-    assert_eq!(c.nodes[0].peer_subnets(), vec![c.nodes[1].subnet]);
+    eventually("the restarted agent removes the vanished peer", T, || {
+        (c.nodes[0].peer_subnets() == vec![c.nodes[1].subnet]).then_some(())
+    });
+    assert_eq!(c.nodes[0].metric("weft_peers"), 1.0);
     assert!(ping(
         &c.nodes[0].node.pods[0].ns,
         c.nodes[1].node.pods[0].ip,
@@ -237,17 +235,14 @@ fn etcd_outage_of_60_seconds() {
     // The agents noticed the outage and came back, same subnets, no loss.
     for n in &c.nodes {
         // The agents saw the outage (the watch broke) and resynchronised.
-        n.agent
-            .wait_log("lease watch restarting from a fresh list", T)
-            .unwrap();
-        n.agent
-            .wait_log_count("peer table in step with etcd", 2, T)
-            .unwrap();
-        assert!(
-            !n.agent.log().contains("SUBNET LEASE LOST"),
-            "{}",
-            n.agent.log()
+        n.wait_metric("weft_watch_resyncs_total", |r| r >= 1.0, T);
+        n.wait_metric(
+            "weft_etcd_watch_lag_seconds",
+            |lag| (0.0..5.0).contains(&lag),
+            T,
         );
+        assert_eq!(n.metric("weft_peers"), 1.0);
+        assert_eq!(n.metric("weft_lease_lost_total"), 0.0, "{}", n.agent.log());
         // With a 120 s TTL and a 60 s outage, more than 60 s left means a
         // keep-alive went through after etcd came back.
         eventually("the lease is renewed after the outage", T, || {
