@@ -29,6 +29,9 @@ const ACQUIRE_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 #[derive(Default)]
 pub(crate) struct Metrics {
     etcd_errors: AtomicU64,
+    /// Connections to etcd made again (TLS files changed, SIGHUP): made,
+    /// failed (the current connection kept).
+    etcd_reconnects: [AtomicU64; 2],
     watch_resyncs: AtomicU64,
     malformed_leases: AtomicU64,
     leases_lost: AtomicU64,
@@ -75,6 +78,9 @@ struct Histogram {
 impl Metrics {
     pub(crate) fn inc_etcd_error(&self) {
         self.etcd_errors.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn inc_etcd_reconnect(&self, ok: bool) {
+        self.etcd_reconnects[usize::from(!ok)].fetch_add(1, Relaxed);
     }
     pub(crate) fn inc_watch_resync(&self) {
         self.watch_resyncs.fetch_add(1, Relaxed);
@@ -298,6 +304,15 @@ impl Metrics {
         );
         for (ep, up) in self.etcd_members.lock().expect("metrics lock").iter() {
             let _ = writeln!(o, "{name}{{endpoint=\"{ep}\"}} {}", u8::from(*up));
+        }
+        let name = "weft_etcd_reconnects_total";
+        let _ = writeln!(
+            o,
+            "# HELP {name} Connections to etcd made again with the TLS files read again (they changed, or SIGHUP), by result (failed: the current connection is kept).\n# TYPE {name} counter"
+        );
+        for (i, result) in ["ok", "failed"].into_iter().enumerate() {
+            let n = self.etcd_reconnects[i].load(Relaxed);
+            let _ = writeln!(o, "{name}{{result=\"{result}\"}} {n}");
         }
         let name = "weft_repairs_total";
         let _ = writeln!(

@@ -105,7 +105,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         tracing::info!(%addr, "serving /metrics");
     }
 
-    let store = EtcdStore::connect_retrying(&opts).await?;
+    let store = EtcdStore::connect_retrying(&opts, &metrics).await?;
     // Members that lose their leader or stop answering leave the rotation.
     let moved = Arc::new(tokio::sync::Notify::new());
     let members = tokio::spawn(lease::watch_members(
@@ -200,11 +200,13 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
 /// Connects to etcd again when the TLS files' contents changed (rotated
 /// certificates, a Secret volume's update); keeps the current connection,
 /// and tries again at the next check, when that fails (a half-written pair).
-async fn reload_tls(store: &EtcdStore) {
+async fn reload_tls(store: &EtcdStore, metrics: &Metrics) {
     if !store.tls_files_changed() {
         return;
     }
-    match store.reconnect().await {
+    let r = store.reconnect().await;
+    metrics.inc_etcd_reconnect(r.is_ok());
+    match r {
         Ok(()) => {
             tracing::info!("the etcd TLS files changed: connected again with them");
         }
@@ -265,7 +267,7 @@ impl Agent {
                         self.heal().await;
                     }
                     if ticks.is_multiple_of(TLS_CHECK_TICKS) {
-                        reload_tls(store).await;
+                        reload_tls(store, &self.metrics).await;
                     }
                     self.report();
                 }
@@ -327,7 +329,9 @@ impl Agent {
                 }
                 _ = sighup.recv() => {
                     // Certificates replaced on disk: connect with them.
-                    match store.reconnect().await {
+                    let r = store.reconnect().await;
+                    self.metrics.inc_etcd_reconnect(r.is_ok());
+                    match r {
                         Ok(()) => tracing::info!("SIGHUP: reconnected to etcd, certificate files read again"),
                         Err(e) => tracing::error!(error = %format!("{e:#}"), "SIGHUP: cannot reconnect to etcd; keeping the current connection"),
                     }

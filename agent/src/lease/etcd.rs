@@ -254,7 +254,11 @@ impl EtcdStore {
     /// Connects, waiting for etcd with backoff while it cannot be reached
     /// (an agent started before etcd, a TLS file not there yet). Credentials
     /// etcd refuses are an error at once.
-    pub async fn connect_retrying(opts: &EtcdOptions) -> Result<Self> {
+    /// Each failure counts as an etcd error in `metrics`.
+    pub(crate) async fn connect_retrying(
+        opts: &EtcdOptions,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Self> {
         opts.validate()?;
         let mut failures = 0;
         loop {
@@ -271,6 +275,7 @@ impl EtcdStore {
                     ));
                 }
                 Err(e) => {
+                    metrics.inc_etcd_error();
                     failures += 1;
                     let wait = crate::backoff::Backoff::RETRY.delay(failures);
                     tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot connect to etcd; waiting for it");
