@@ -273,6 +273,22 @@ impl WeftNode {
         })
     }
 
+    /// Waits until the running agent process reports its eBPF dataplane
+    /// up (its status report names this process and where decapsulation
+    /// runs).
+    pub fn wait_dataplane_up(&self, within: Duration) {
+        let pid = self.agent.pid();
+        crate::agent::eventually(
+            &format!("{}: dataplane up", self.agent.name),
+            within,
+            || {
+                let r = self.status_json()?;
+                (r["pid"].as_i64() == Some(i64::from(pid)) && r["decap"]["hook"].is_string())
+                    .then_some(())
+            },
+        )
+    }
+
     /// The agent's status report (`<state-dir>/status.json`), once written.
     pub fn status_json(&self) -> Option<serde_json::Value> {
         let text = std::fs::read_to_string(self.agent.state_dir().join("status.json")).ok()?;

@@ -132,7 +132,7 @@ fn agent_restarts_lose_no_packets() {
         n.agent.restart().unwrap();
     }
     for n in &c.nodes {
-        n.agent.wait_log_count("dataplane up", 2, T).unwrap();
+        n.wait_dataplane_up(T);
         n.agent.wait_log("adopted the pinned dataplane", T).unwrap();
     }
     std::thread::sleep(Duration::from_millis(1000));
@@ -427,7 +427,7 @@ fn dropped_packets_are_traced_on_request() {
     c.add_node(1, &["--trace-drops"]).unwrap();
     c.add_node(2, &[]).unwrap();
     for n in &c.nodes {
-        n.agent.wait_log("dataplane up", T).unwrap();
+        n.wait_dataplane_up(T);
     }
     c.nodes[0]
         .agent
@@ -495,7 +495,7 @@ fn rp_filter_is_changed_only_where_needed_and_restored() {
             .to_string()
     };
     let n1 = &c.nodes[0];
-    n1.agent.wait_log("dataplane up", T).unwrap();
+    n1.wait_dataplane_up(T);
     assert_eq!(read(n1, "net.ipv4.conf.eth0.rp_filter"), "2");
     assert_eq!(
         read(n1, "net.ipv4.conf.all.rp_filter"),
@@ -561,5 +561,5 @@ fn a_failed_setup_is_rolled_back() {
         .start_agent(s.node, s.pins, &["--iface", "up0", "--xdp-mode", "off"])
         .unwrap();
     c.adopt(s).unwrap();
-    c.nodes[0].agent.wait_log("dataplane up", T).unwrap();
+    c.nodes[0].wait_dataplane_up(T);
 }
