@@ -25,9 +25,9 @@ impl EtcdWatch {
     ) -> Result<Self, StoreError> {
         let mut generation = store.generation();
         generation.mark_unchanged();
+        // No previous values: the lease cache holds what a deleted key held.
         let opts = WatchOptions::new()
             .with_prefix()
-            .with_prev_key()
             .with_start_revision(revision);
         let stream = store
             .client()
