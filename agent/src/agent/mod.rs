@@ -83,6 +83,19 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let opts = args.etcd.options();
     opts.validate()?;
+    // A kernel the dataplane cannot run on is refused before anything is
+    // taken: no lease for a node that could not forward.
+    if args.datapath == DatapathKind::Ebpf {
+        let kernel = crate::dataplane::KernelSupport::check();
+        if let Some(missing) = kernel.missing {
+            anyhow::bail!(
+                "{missing}. Nothing was taken (no lease, no programs); `weft doctor` says the same. On this kernel, --datapath none holds a lease without forwarding"
+            );
+        }
+        for d in &kernel.degraded {
+            tracing::warn!(kernel = %kernel.release, "{d}");
+        }
+    }
     let prefix = args.etcd.prefix();
     let mut host = Host::probe(&args).await?;
     tracing::info!(

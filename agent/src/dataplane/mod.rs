@@ -9,10 +9,12 @@
 //! only that `XdpMode` and `HostRouting` are its values (`clap::ValueEnum`).
 
 mod bpffs;
+mod btf;
 mod conntrack;
 mod endpoints;
 mod events;
 mod host;
+mod kernel;
 mod kfuncs;
 mod loader;
 mod maps;
@@ -46,6 +48,7 @@ pub(crate) use types::{DecapChoice, DecapHook, Family};
 
 pub(crate) use conntrack::LiberalStats;
 pub(crate) use events::watch as watch_changes;
+pub(crate) use kernel::KernelSupport;
 pub(crate) use loader::{pinned_links, pinned_program};
 pub(crate) use netlink::{Link, Netlink};
 pub use overlay::{Problem, ProblemKind};

@@ -5,33 +5,29 @@ use std::path::Path;
 
 use super::findings::Findings;
 use crate::{
-    dataplane::{read_iface_sysctl, read_sysctl},
+    dataplane::{KernelSupport, read_iface_sysctl, read_sysctl},
     sys::{
         ethtool::{gro, tx_checksum},
-        fs::{filesystem_seen_by, host_pid, is_bpffs, kernel_release, mount_namespace},
+        fs::{filesystem_seen_by, host_pid, is_bpffs, mount_namespace},
     },
 };
 
 pub(super) fn kernel(f: &mut Findings) {
-    let release = kernel_release().unwrap_or_else(|| "unknown".into());
-    let mut parts = release.split(|c: char| !c.is_ascii_digit());
-    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
-    if (major, minor) < (6, 6) {
-        f.fail(
+    // The agent's own check at start, in its words.
+    let k = KernelSupport::check();
+    match &k.missing {
+        Some(missing) => f.fail("kernel", missing.clone(), "upgrade the kernel"),
+        None => f.ok(
             "kernel",
-            format!("Linux {release}: Weft needs 6.6 or later (TCX links)"),
-            "upgrade the kernel",
-        );
-    } else if !btf {
-        f.fail(
+            format!("Linux {} with BTF and TCX links", k.release),
+        ),
+    }
+    for d in &k.degraded {
+        f.warn(
             "kernel",
-            format!("Linux {release} without BTF (/sys/kernel/btf/vmlinux)"),
-            "a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+            d.clone(),
+            "a kernel with conntrack built in (CONFIG_NF_CONNTRACK=y) for the fast path",
         );
-    } else {
-        f.ok("kernel", format!("Linux {release} with BTF"));
     }
 }
 
