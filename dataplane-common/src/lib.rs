@@ -253,6 +253,12 @@ pub const CONFIG_F_IPV4: u32 = 8;
 /// The node carries IPv6 pod traffic (IPv6 VTEP, `local_addr6`).
 pub const CONFIG_F_IPV6: u32 = 16;
 
+/// Pods' sources are checked at their veth (a pod sending as another pod,
+/// the node or its subnet's other addresses is dropped) even where nothing
+/// bypasses the stack: `--host-routing auto` on a kernel without the
+/// conntrack kfuncs. [`CONFIG_F_BYPASS`] implies it.
+pub const CONFIG_F_SOURCE_CHECK: u32 = 32;
+
 /// XDP's mark on a frame it decapsulated (in the frame's metadata), for the
 /// TC program that delivers it after GRO.
 pub const XDP_DECAP_MARK: u32 = 0x5745_4654;

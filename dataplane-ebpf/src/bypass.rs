@@ -12,8 +12,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use dataplane_common::{
-    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, DataplaneConfig, Endpoint,
-    POD_IF_V4, POD_IF_V6, PodIf, Reason, VTEP_F_DIRECT, Vtep,
+    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_SOURCE_CHECK,
+    DataplaneConfig, Endpoint, POD_IF_V4, POD_IF_V6, PodIf, Reason, VTEP_F_DIRECT, Vtep,
 };
 
 use crate::{
@@ -44,7 +44,7 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
         reason: Reason::Passed,
         bytes: len,
     };
-    if cfg.flags & CONFIG_F_BYPASS == 0 {
+    if cfg.flags & (CONFIG_F_BYPASS | CONFIG_F_SOURCE_CHECK) == 0 {
         return Ok(pass);
     }
     let Ok((data, end)) = linear(ctx, ETH_LEN + IPV6_LEN) else {
@@ -67,6 +67,10 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
         Source::Endpoint => {}
         Source::Spoofed => return Err(Dropped::at(Reason::DropInvalidSource, ip.saddr, ip.daddr)),
         Source::Other => return Ok(pass),
+    }
+    // Checked only (no conntrack kfuncs under `auto`): the stack carries it.
+    if cfg.flags & CONFIG_F_BYPASS == 0 {
+        return Ok(pass);
     }
     // A TTL the host stack must answer.
     if ip.ttl <= 1 {
@@ -129,6 +133,9 @@ fn from_pod6(
         Source::Endpoint => {}
         Source::Spoofed => return Err(Dropped::at6(Reason::DropInvalidSource, ETH_LEN)),
         Source::Other => return Ok(pass),
+    }
+    if cfg.flags & CONFIG_F_BYPASS == 0 {
+        return Ok(pass);
     }
     // No IPv6 overlay device (yet): the stack reports why; and a hop
     // limit the stack must answer.

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use dataplane_common::{
     CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_READY,
-    DataplaneConfig, map_names, program_names,
+    CONFIG_F_SOURCE_CHECK, DataplaneConfig, map_names, program_names,
 };
 
 use super::super::{
@@ -211,8 +211,9 @@ pub(super) fn config(
                 HostRouting::Bpf => CONFIG_F_BYPASS,
                 HostRouting::Auto if has_conntrack => CONFIG_F_BYPASS | CONFIG_F_CT_GATE,
                 // Without conntrack's kfuncs nothing can tell which flows
-                // netfilter would let through unchanged: no bypass.
-                HostRouting::Auto => 0,
+                // netfilter would let through unchanged: no bypass, but
+                // pods' sources are still checked.
+                HostRouting::Auto => CONFIG_F_SOURCE_CHECK,
             },
     }
 }

@@ -555,6 +555,27 @@ fn host_routing() -> Vec<Case> {
             same(TC_ACT_OK, Reason::Passed, &to_peer),
         ),
         case(
+            "from pod, auto without kfuncs: a flow to a peer's pod takes the stack",
+            prog::FROM_POD,
+            Mode::Checked,
+            to_peer.clone(),
+            same(TC_ACT_OK, Reason::Passed, &to_peer),
+        ),
+        case(
+            "from pod, auto without kfuncs: a spoofed source is still dropped",
+            prog::FROM_POD,
+            Mode::Checked,
+            spoofed.clone(),
+            same(TC_ACT_SHOT, Reason::DropInvalidSource, &spoofed),
+        ),
+        case(
+            "from pod, auto without kfuncs, IPv6: a spoofed source is still dropped",
+            prog::FROM_POD,
+            Mode::Checked,
+            spoofed6.clone(),
+            same(TC_ACT_SHOT, Reason::DropInvalidSource, &spoofed6),
+        ),
+        case(
             "from pod, legacy: everything takes the stack",
             prog::FROM_POD,
             Mode::Legacy,

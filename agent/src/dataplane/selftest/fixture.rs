@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use anyhow::Result;
 use dataplane_common::{
     CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_READY,
-    DataplaneConfig, Endpoint, POD_IF_V4, POD_IF_V6, PodIf,
+    CONFIG_F_SOURCE_CHECK, DataplaneConfig, Endpoint, POD_IF_V4, POD_IF_V6, PodIf,
 };
 
 use crate::{
@@ -80,6 +80,9 @@ pub(super) enum Mode {
     Bypass,
     /// `--host-routing auto`: the fast path only for flows conntrack holds.
     Gated,
+    /// `--host-routing auto` on a kernel without the conntrack kfuncs:
+    /// nothing bypasses the stack, pods' sources are still checked.
+    Checked,
 }
 
 /// The config of the fixture's node in `mode`.
@@ -110,6 +113,7 @@ pub(super) fn config(mode: Mode) -> DataplaneConfig {
                 Mode::Legacy => 0,
                 Mode::Bypass => CONFIG_F_BYPASS,
                 Mode::Gated => CONFIG_F_BYPASS | CONFIG_F_CT_GATE,
+                Mode::Checked => CONFIG_F_SOURCE_CHECK,
             },
         ..DataplaneConfig::default()
     }
