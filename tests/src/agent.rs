@@ -286,7 +286,8 @@ impl Agent {
     pub fn stop(&mut self) -> Result<()> {
         self.signal(libc::SIGTERM);
         if let Some(mut c) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let within = crate::scaled(Duration::from_secs(10));
+            let deadline = Instant::now() + within;
             loop {
                 if let Some(s) = c.try_wait()? {
                     if !s.success() {
@@ -300,7 +301,7 @@ impl Agent {
                 }
                 if Instant::now() > deadline {
                     let _ = c.kill();
-                    bail!("{} did not exit within 10 s of SIGTERM", self.name);
+                    bail!("{} did not exit within {within:?} of SIGTERM", self.name);
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -350,7 +351,8 @@ impl Agent {
         let port = self.healthz_port?;
         let addr = (std::net::Ipv4Addr::LOCALHOST, port).into();
         let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.set_read_timeout(Some(crate::scaled(Duration::from_secs(5))))
+            .ok()?;
         write!(
             s,
             "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
@@ -454,8 +456,6 @@ impl Drop for Agent {
     }
 }
 
-/// Polls `f` every 25 ms until it returns Some (that), or `within` passes
-/// (None).
 /// The loopback port an agent in the host's namespace serves /metrics on
 /// (one free at the time of asking), unless its arguments name a port.
 fn healthz_port(ns: Option<&Netns>, args: &[String]) -> Result<Option<u16>> {
@@ -466,8 +466,10 @@ fn healthz_port(ns: Option<&Netns>, args: &[String]) -> Result<Option<u16>> {
     Ok(Some(l.local_addr()?.port()))
 }
 
+/// Polls `f` every 25 ms until it returns Some (that), or `within`
+/// (scaled by [`crate::scaled`]) passes (None).
 pub fn poll<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + within;
+    let deadline = Instant::now() + crate::scaled(within);
     loop {
         if let Some(v) = f() {
             return Some(v);
@@ -481,5 +483,10 @@ pub fn poll<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> 
 
 /// Polls `f` until it returns Some, or fails after `within` saying `what`.
 pub fn eventually<T>(what: &str, within: Duration, f: impl FnMut() -> Option<T>) -> T {
-    poll(within, f).unwrap_or_else(|| panic!("timed out after {within:?} waiting for: {what}"))
+    poll(within, f).unwrap_or_else(|| {
+        panic!(
+            "timed out after {:?} waiting for: {what}",
+            crate::scaled(within)
+        )
+    })
 }

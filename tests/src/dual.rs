@@ -192,6 +192,7 @@ impl DualCluster {
 
 /// Waits for the agent's subnet.env and reads its subnets.
 pub fn wait_subnets(agent: &Agent, within: Duration) -> Result<Subnets> {
+    let within = crate::scaled(within);
     let until = Instant::now() + within;
     loop {
         if let Ok(text) = std::fs::read_to_string(agent.subnet_file())

@@ -119,6 +119,7 @@ impl Etcd {
     }
 
     fn wait_ready(&mut self, within: Duration) -> Result<()> {
+        let within = crate::scaled(within);
         let deadline = Instant::now() + within;
         loop {
             let mut c = self.etcdctl_cmd();

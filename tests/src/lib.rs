@@ -50,3 +50,53 @@ pub fn host_routing() -> &'static str {
         _ => "auto",
     }
 }
+
+/// `d` stretched by `$WEFT_TEST_TIME_SCALE` (1 when unset): the VM test
+/// runner sets it where emulation slows the guest, and the helpers' waits
+/// and deadlines go through here. What a test measures (a rate, a count
+/// of lost packets) is not scaled.
+pub fn scaled(d: std::time::Duration) -> std::time::Duration {
+    d.mul_f64(time_scale())
+}
+
+/// `$WEFT_TEST_TIME_SCALE`, at least 1.
+pub fn time_scale() -> f64 {
+    static SCALE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *SCALE.get_or_init(|| {
+        std::env::var("WEFT_TEST_TIME_SCALE")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite())
+            .unwrap_or(1.0)
+            .max(1.0)
+    })
+}
+
+/// Whether the conntrack kfuncs are within the loader's reach on this
+/// kernel: conntrack built into it (the kfuncs in the kernel's own BTF).
+/// Where conntrack is a module, as in Debian's and Ubuntu's kernels, its
+/// kfuncs are in the module's BTF and `--host-routing auto` sends every
+/// flow through the host stack. The oracle is the kernel's module list,
+/// not Weft's reading of BTF: the module is loaded first, as its first use
+/// would, and then shows in /sys/kernel/btf.
+pub fn conntrack_kfuncs() -> bool {
+    static BUILT_IN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BUILT_IN.get_or_init(|| {
+        let _ = std::process::Command::new("modprobe")
+            .arg("nf_conntrack")
+            .output();
+        !std::path::Path::new("/sys/kernel/btf/nf_conntrack").exists()
+    })
+}
+
+/// Whether pods' flows bypass the host stack under the tests' host
+/// routing ([`host_routing`]) on this kernel: never under `legacy`, always
+/// under `bpf`, and under `auto` where the conntrack kfuncs are within
+/// reach ([`conntrack_kfuncs`]).
+pub fn bypasses() -> bool {
+    match host_routing() {
+        "legacy" => false,
+        "bpf" => true,
+        _ => conntrack_kfuncs(),
+    }
+}

@@ -49,7 +49,8 @@ pub fn tcp_transfer(
         let l = TcpListener::bind((server, port)).expect("bind");
         ready_tx.send(()).unwrap();
         let (mut s, _) = l.accept().expect("accept");
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.set_read_timeout(Some(crate::scaled(Duration::from_secs(30))))
+            .unwrap();
         let mut buf = vec![0u8; 1 << 16];
         let (mut n, mut h) = (0usize, 0xcbf2_9ce4_8422_2325u64);
         loop {
@@ -101,7 +102,7 @@ pub fn udp_transfer(
     let (ready_tx, ready_rx) = mpsc::channel();
     let srv = sns.spawn_thread(move || {
         let s = UdpSocket::bind((server, port)).expect("bind");
-        s.set_read_timeout(Some(Duration::from_millis(1500)))
+        s.set_read_timeout(Some(crate::scaled(Duration::from_millis(1500))))
             .unwrap();
         // Room for every datagram of the burst: what is measured is the
         // datapath, not how fast this thread drains its socket.
@@ -219,7 +220,8 @@ pub fn udp_stream(
     let (ready_tx, ready_rx) = mpsc::channel();
     let srv = sns.spawn_thread(move || {
         let s = UdpSocket::bind((server, port)).expect("bind");
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s.set_read_timeout(Some(crate::scaled(Duration::from_secs(2))))
+            .unwrap();
         ready_tx.send(()).unwrap();
         let mut buf = [0u8; 2048];
         let mut ok = 0u32;
@@ -325,7 +327,8 @@ fn seen_source(receiver: &Netns, to: IpAddr, port: u16, sender: &Netns) -> Optio
     let (ready_tx, ready_rx) = mpsc::channel();
     let srv = receiver.spawn_thread(move || {
         let s = UdpSocket::bind((to, port)).expect("bind");
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_read_timeout(Some(crate::scaled(Duration::from_secs(5))))
+            .unwrap();
         ready_tx.send(()).unwrap();
         let mut buf = [0u8; 64];
         let (_, from) = s.recv_from(&mut buf).ok()?;
@@ -341,7 +344,8 @@ fn seen_source(receiver: &Netns, to: IpAddr, port: u16, sender: &Netns) -> Optio
                 Ipv6Addr::UNSPECIFIED.into()
             };
             let s = UdpSocket::bind((any, 0)).expect("bind");
-            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            s.set_read_timeout(Some(crate::scaled(Duration::from_secs(3))))
+                .unwrap();
             s.send_to(b"ping", (to, port)).ok()?;
             let mut buf = [0u8; 16];
             s.recv_from(&mut buf).ok().map(|_| ())

@@ -367,7 +367,7 @@ pub fn http_get(
         use std::io::{Read as _, Write as _};
         let mut s =
             std::net::TcpStream::connect_timeout(&(ip, port).into(), Duration::from_secs(3))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.set_read_timeout(Some(crate::scaled(Duration::from_secs(5))))?;
         write!(
             s,
             "GET {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n"

@@ -390,7 +390,7 @@ fn hostile_packets_are_dropped_and_counted() {
     let pod_ip = pod.ip;
     let listener = pod.ns.spawn_thread(move || {
         let s = std::net::UdpSocket::bind((pod_ip, 7777)).unwrap();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+        s.set_read_timeout(Some(weft_tests::scaled(std::time::Duration::from_secs(3))))
             .unwrap();
         tx.send(()).unwrap();
         let mut got = Vec::new();
