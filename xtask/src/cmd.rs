@@ -214,6 +214,35 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
         tests = r.context("the datapath and agent tests with --host-routing legacy");
         failures.extend(f);
     }
+    // The kernel matrix: the privileged tests again on Debian's kernels,
+    // each booted in a VM (KVM where it boots, else emulation). Run even
+    // when a test failed here: both results are reported.
+    let mut kernels: Result<()> = Ok(());
+    if filter.is_none() {
+        for opts in crate::vm::matrix() {
+            let r = crate::vm::run(&opts, &weft);
+            if let Ok(r) = &r {
+                eprintln!(
+                    "xtask test: Linux {} in a VM: {:.0?} (build, boot and tests)",
+                    opts.kernel, r.took
+                );
+            }
+            match r {
+                Ok(r) if r.ok() => {}
+                Ok(r) => {
+                    failures.extend(r.failures);
+                    kernels = Err(anyhow::anyhow!("the tests failed on Linux {}", opts.kernel));
+                }
+                Err(e) => {
+                    failures.push(format!("vm {}: {e:#}", opts.kernel));
+                    kernels = Err(anyhow::anyhow!(
+                        "the VM runner failed for Linux {}",
+                        opts.kernel
+                    ));
+                }
+            }
+        }
+    }
     // The fuzzers run even when a test failed: both results are reported.
     let fuzzed = if filter.is_none() && fuzz_seconds > 0 {
         fuzz(&[], fuzz_seconds)
@@ -228,6 +257,7 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
         }
     }
     tests?;
+    kernels?;
     fuzzed?;
     eprintln!("xtask test: all green in {:.0?}", started.elapsed());
     Ok(())

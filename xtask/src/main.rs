@@ -7,6 +7,7 @@
 //! - `test`: setup, build, lint, and every test (unit and privileged)
 //! - `fuzz [--seconds N] [TARGET..]`: the fuzz targets, longer
 //! - `demo`: setup, then a 3-node cluster in network namespaces, end to end
+//! - `vm-test [--kernel 6.12|6.1] [TESTS..]`: the privileged tests on another kernel, in a VM
 //! - `bench datapath|egress|leases|control-plane`: benchmarks, side by side with baselines
 //! - `image`: the container image (a static binary, from scratch) as an OCI archive
 
@@ -14,6 +15,7 @@ mod cmd;
 mod image;
 mod setup;
 mod toolchain;
+mod vm;
 
 use std::path::PathBuf;
 
@@ -55,6 +57,33 @@ enum Command {
         /// Seconds each fuzz target runs (0: none).
         #[arg(long, default_value_t = 30)]
         fuzz_seconds: u64,
+    },
+    /// The privileged integration tests on one of Debian's kernels, booted
+    /// under qemu (KVM where it boots, else emulation).
+    VmTest {
+        /// The kernel series: 6.12 or 6.1.
+        #[arg(long, default_value = "6.12")]
+        kernel: String,
+        /// kvm, tcg (emulation), or auto: KVM if the kernel boots under it.
+        #[arg(long, value_enum, default_value_t = vm::qemu::AccelChoice::Auto)]
+        accel: vm::qemu::AccelChoice,
+        /// The tests' deadline factor (default 1.5 under KVM, 6 under
+        /// emulation).
+        #[arg(long)]
+        time_scale: Option<f64>,
+        #[arg(long, default_value_t = 2)]
+        cpus: u32,
+        #[arg(long, default_value = "4G")]
+        memory: String,
+        /// Minutes the VM may run, boot to power-off.
+        #[arg(long, default_value_t = 30)]
+        minutes: u64,
+        /// Only the tests whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Test targets (files of tests/tests/); the kernel's matrix entry
+        /// when none.
+        tests: Vec<String>,
     },
     /// Run the fuzz targets (all, or those named) for longer.
     Fuzz {
@@ -127,6 +156,39 @@ fn run() -> Result<()> {
                 setup::setup()?;
             }
             cmd::tool("weft-demo", &args)
+        }
+        Command::VmTest {
+            kernel,
+            accel,
+            time_scale,
+            cpus,
+            memory,
+            minutes,
+            filter,
+            tests,
+        } => {
+            let weft = cmd::build(false)?;
+            let mut opts = vm::matrix()
+                .into_iter()
+                .find(|o| o.kernel == kernel)
+                .unwrap_or_else(|| vm::Options::new(&kernel, &[]));
+            if !tests.is_empty() {
+                opts.tests = tests;
+            }
+            opts.accel = accel;
+            opts.time_scale = time_scale;
+            opts.cpus = cpus;
+            opts.memory = memory;
+            opts.filter = filter;
+            opts.timeout = std::time::Duration::from_secs(minutes * 60);
+            let report = vm::run(&opts, &weft)?;
+            if !report.ok() {
+                for f in &report.failures {
+                    eprintln!("  {f}");
+                }
+                anyhow::bail!("the tests in the {kernel} VM failed");
+            }
+            Ok(())
         }
         Command::Bench { args } => cmd::tool("weft-bench", &args),
         Command::Image { no_setup } => {

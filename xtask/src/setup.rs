@@ -19,7 +19,8 @@ use crate::{cmd::run, toolchain};
 /// for a container's root), the image (buildah, musl-tools for the static
 /// binary's C parts), manifest checks (yamllint, python3-venv for
 /// kubernetes-validate), conntrack (the tests read conntrack's entries)
-/// and the benchmarks (iperf3, sockperf, bpftool, perf, ethtool).
+/// the benchmarks (iperf3, sockperf, bpftool, perf, ethtool) and the VM
+/// test runner (qemu, kmod's depmod for the guest kernels' modules).
 const PACKAGES: &[&str] = &[
     "protobuf-compiler",
     "libprotobuf-dev",
@@ -49,6 +50,8 @@ const PACKAGES: &[&str] = &[
     "python3-venv",
     "ethtool",
     "linux-perf",
+    "qemu-system-x86",
+    "kmod",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -63,6 +66,8 @@ pub(crate) fn setup() -> Result<()> {
     step("cargo-fuzz", cargo_fuzz)?;
     step("the static (musl) target", musl_target)?;
     step("kubernetes-validate", kubernetes_validate)?;
+    step("virtme-ng", virtme_ng)?;
+    step("VM kernels", crate::vm::kernels::fetch_all)?;
     step("bpffs at /sys/fs/bpf", bpffs)?;
     step("kernel", kernel)?;
     eprintln!("setup: done in {:.1?}", started.elapsed());
@@ -173,7 +178,7 @@ fn nightly_recorded() -> Result<String> {
     ))
 }
 
-fn home() -> PathBuf {
+pub(crate) fn home() -> PathBuf {
     std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/root"))
@@ -349,20 +354,41 @@ fn musl_target() -> Result<String> {
 pub(crate) const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
 pub(crate) fn kubernetes_validate_bin() -> PathBuf {
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    PathBuf::from(home).join(".cache/weft/venv/bin/kubernetes-validate")
+    venv_bin().join("kubernetes-validate")
 }
 
 fn kubernetes_validate() -> Result<String> {
-    let bin = kubernetes_validate_bin();
-    let venv = bin.parent().and_then(Path::parent).context("venv path")?;
+    pip_package(
+        "kubernetes-validate",
+        KUBERNETES_VALIDATE_VERSION,
+        &kubernetes_validate_bin(),
+    )
+}
+
+/// PyPI's virtme-ng, which boots a kernel over the host's root file system
+/// (read-only) for the VM test runner; in the same virtualenv.
+pub(crate) const VIRTME_NG_VERSION: &str = "1.42";
+
+/// The virtualenv's bin directory (on PATH for virtme-ng, whose `vng`
+/// runs `virtme-run` from there).
+pub(crate) fn venv_bin() -> PathBuf {
+    home().join(".cache/weft/venv/bin")
+}
+
+fn virtme_ng() -> Result<String> {
+    pip_package("virtme-ng", VIRTME_NG_VERSION, &venv_bin().join("vng"))
+}
+
+/// `package==version` from PyPI in the project's virtualenv (made with
+/// Debian's python), unless `bin` is there and pip has that version.
+fn pip_package(package: &str, version: &str, bin: &Path) -> Result<String> {
+    let venv = venv_bin();
+    let venv = venv.parent().context("venv path")?;
     let pip = venv.join("bin/pip");
-    if let Ok(out) = Command::new(&pip)
-        .args(["show", "kubernetes-validate"])
-        .output()
+    if let Ok(out) = Command::new(&pip).args(["show", package]).output()
         && String::from_utf8_lossy(&out.stdout)
             .lines()
-            .any(|l| l == format!("Version: {KUBERNETES_VALIDATE_VERSION}"))
+            .any(|l| l == format!("Version: {version}"))
         && bin.exists()
     {
         return Ok("present".into());
@@ -378,11 +404,8 @@ fn kubernetes_validate() -> Result<String> {
         "install",
         "--quiet",
         "--disable-pip-version-check",
-        &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
+        &format!("{package}=={version}"),
     ]);
-    run(c).context("installing kubernetes-validate from PyPI")?;
-    Ok(format!(
-        "installed {KUBERNETES_VALIDATE_VERSION} in {}",
-        venv.display()
-    ))
+    run(c).with_context(|| format!("installing {package} from PyPI"))?;
+    Ok(format!("installed {version} in {}", venv.display()))
 }

@@ -1,0 +1,293 @@
+//! The VM test runner: Debian's kernels booted under qemu (virtme-ng, over
+//! the host's root file system, read-only), the privileged integration
+//! tests run inside as built on the host, their output and results
+//! brought back.
+//!
+//! The tests do not know where they run. What emulation stretches, the
+//! runner scales: it sets `WEFT_TEST_TIME_SCALE`, by which the tests'
+//! helpers multiply their deadlines.
+
+pub(crate) mod binaries;
+pub(crate) mod kernels;
+pub(crate) mod qemu;
+
+use std::{
+    io::{Read as _, Seek as _, SeekFrom, Write as _},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+
+use self::{
+    binaries::TestBinary,
+    qemu::{Accel, AccelChoice, BOOTED, Boot},
+};
+
+/// What one VM run is asked to do.
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    /// The kernel series (`6.12`, `6.1`).
+    pub(crate) kernel: String,
+    pub(crate) accel: AccelChoice,
+    /// Deadline factor for the tests; by default 1.5 under KVM, 6 under
+    /// emulation.
+    pub(crate) time_scale: Option<f64>,
+    pub(crate) cpus: u32,
+    pub(crate) memory: String,
+    /// Test targets of the tests crate, run one after the other.
+    pub(crate) tests: Vec<String>,
+    /// Passed to each test binary (a test name filter).
+    pub(crate) filter: Option<String>,
+    /// More environment for the tests.
+    pub(crate) env: Vec<(String, String)>,
+    /// The whole VM run, boot to power-off.
+    pub(crate) timeout: Duration,
+}
+
+impl Options {
+    pub(crate) fn new(kernel: &str, tests: &[&str]) -> Self {
+        Self {
+            kernel: kernel.to_string(),
+            accel: AccelChoice::Auto,
+            time_scale: None,
+            cpus: 2,
+            memory: "4G".into(),
+            tests: tests.iter().map(|t| t.to_string()).collect(),
+            filter: None,
+            env: vec![],
+            timeout: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// What a VM run found.
+#[derive(Debug, Default)]
+pub(crate) struct Report {
+    /// Lines naming what failed (a test's own `... FAILED` and panics, a
+    /// test binary's exit, a VM that did not boot), prefixed by the kernel.
+    pub(crate) failures: Vec<String>,
+    pub(crate) took: Duration,
+}
+
+impl Report {
+    pub(crate) fn ok(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Boots the kernel of `opts` and runs its tests there with `weft` (the
+/// agent binary built on the host).
+pub(crate) fn run(opts: &Options, weft: &Path) -> Result<Report> {
+    let started = Instant::now();
+    let series = kernels::series(&opts.kernel)?;
+    let (kernel, _) = kernels::fetch(series)?;
+    binaries::check_names(&opts.tests)?;
+    let tests = binaries::build(&opts.tests)?;
+    let scratch = std::fs::canonicalize("target")?.join("vm");
+    let dir = scratch.join(&opts.kernel);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let accel = qemu::accel(opts.accel, &kernel, &scratch)?;
+    let scale = opts.time_scale.unwrap_or(match accel {
+        Accel::Kvm => 1.5,
+        Accel::Tcg => 6.0,
+    });
+    let label = format!("vm {}", opts.kernel);
+    eprintln!(
+        "{label}: {} ({}) under {}, {} CPUs, {} memory, deadlines x{scale}: {}",
+        kernel.release,
+        kernel.package,
+        accel.name(),
+        opts.cpus,
+        opts.memory,
+        opts.tests.join(", ")
+    );
+    let script = dir.join("guest.sh");
+    std::fs::write(&script, guest_script(opts, weft, &tests, &dir, scale)?)?;
+    let mut follow = Follow::new(&label, &dir, &tests);
+    let ended = Boot {
+        kernel: &kernel,
+        accel,
+        cpus: opts.cpus,
+        memory: &opts.memory,
+        dir: &dir,
+        script: &script,
+        boot_timeout: match accel {
+            Accel::Kvm => Duration::from_secs(60),
+            Accel::Tcg => Duration::from_secs(180),
+        },
+        timeout: opts.timeout,
+    }
+    .run(|| follow.tick())?;
+
+    let mut report = Report {
+        failures: follow.failures,
+        took: Duration::ZERO,
+    };
+    if !ended.booted {
+        eprintln!(
+            "{label}: the VM did not boot{}; its console:\n{}",
+            ended
+                .stopped
+                .as_deref()
+                .map(|w| format!(" ({w})"))
+                .unwrap_or_default(),
+            qemu::console_tail(&ended.console, 80)
+        );
+        report.failures.push(format!(
+            "{label}: {} did not boot under {} (console: {})",
+            kernel.release,
+            accel.name(),
+            ended.console.display()
+        ));
+    } else {
+        for t in &tests {
+            let status = std::fs::read_to_string(dir.join(format!("{}.status", t.name)));
+            let timing = std::fs::read_to_string(dir.join(format!("{}.seconds", t.name)))
+                .unwrap_or_default();
+            match status.map(|s| s.trim().to_string()) {
+                Ok(s) if s == "0" => {
+                    eprintln!("{label}: {} passed in {} s", t.name, timing.trim());
+                }
+                Ok(s) => report.failures.push(format!(
+                    "{label}: {} failed (exit {s}, {} s; its output: {})",
+                    t.name,
+                    timing.trim(),
+                    dir.join(format!("{}.log", t.name)).display()
+                )),
+                Err(_) => report.failures.push(format!(
+                    "{label}: {} did not finish{}",
+                    t.name,
+                    ended
+                        .stopped
+                        .as_deref()
+                        .map(|w| format!(": {w}"))
+                        .unwrap_or_default()
+                )),
+            }
+        }
+        if ended.stopped.is_some() {
+            eprintln!(
+                "{label}: the VM was stopped; its console's tail:\n{}",
+                qemu::console_tail(&ended.console, 40)
+            );
+        }
+    }
+    report.took = started.elapsed();
+    eprintln!(
+        "{label}: {} in {:.0?} under {}",
+        if report.ok() { "all green" } else { "FAILED" },
+        ended.took,
+        accel.name()
+    );
+    Ok(report)
+}
+
+/// Quotes `s` for the guest's shell.
+fn sh(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn guest_script(
+    opts: &Options,
+    weft: &Path,
+    tests: &[TestBinary],
+    dir: &Path,
+    scale: f64,
+) -> Result<String> {
+    let d = sh(&dir.display().to_string());
+    let mut s = String::new();
+    s.push_str("set -u\n");
+    s.push_str(&format!("uname -r > {d}/{BOOTED}\n"));
+    s.push_str("mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf\n");
+    s.push_str("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1\n");
+    s.push_str(&format!(
+        "export WEFT_BIN={} WEFT_TEST_TIME_SCALE={scale}\n",
+        sh(&weft.display().to_string())
+    ));
+    for (k, v) in &opts.env {
+        s.push_str(&format!("export {k}={}\n", sh(v)));
+    }
+    s.push_str(&format!(
+        "cd {}\n",
+        sh(&binaries::tests_dir()?.display().to_string())
+    ));
+    let filter = opts.filter.as_deref().map(sh).unwrap_or_default();
+    for t in tests {
+        let n = &t.name;
+        s.push_str(&format!(
+            "t0=$(date +%s)\n{} {filter} > {d}/{n}.log 2>&1\necho $? > {d}/{n}.status.tmp\necho $(( $(date +%s) - t0 )) > {d}/{n}.seconds\nmv {d}/{n}.status.tmp {d}/{n}.status\n",
+            sh(&t.executable.display().to_string()),
+        ));
+    }
+    s.push_str("sync\n");
+    Ok(s)
+}
+
+/// Echoes the tests' output as the guest writes it, each line prefixed,
+/// and keeps the lines that name a failure.
+struct Follow {
+    label: String,
+    logs: Vec<(PathBuf, u64, Vec<u8>)>,
+    failures: Vec<String>,
+}
+
+impl Follow {
+    fn new(label: &str, dir: &Path, tests: &[TestBinary]) -> Self {
+        Self {
+            label: label.to_string(),
+            logs: tests
+                .iter()
+                .map(|t| (dir.join(format!("{}.log", t.name)), 0, vec![]))
+                .collect(),
+            failures: vec![],
+        }
+    }
+
+    fn tick(&mut self) {
+        let stdout = std::io::stdout();
+        for (path, offset, partial) in &mut self.logs {
+            let Ok(mut f) = std::fs::File::open(&*path) else {
+                continue;
+            };
+            if f.seek(SeekFrom::Start(*offset)).is_err() {
+                continue;
+            }
+            let mut buf = vec![];
+            if f.read_to_end(&mut buf).is_err() || buf.is_empty() {
+                continue;
+            }
+            *offset += buf.len() as u64;
+            partial.extend_from_slice(&buf);
+            while let Some(nl) = partial.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=nl).collect();
+                let line = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+                let _ = writeln!(stdout.lock(), "{}| {line}", self.label);
+                if (line.starts_with("test ") && line.ends_with("FAILED"))
+                    || line.contains("panicked at")
+                {
+                    self.failures.push(format!("{}: {line}", self.label));
+                }
+            }
+        }
+    }
+}
+
+/// The kernel matrix of `cargo xtask test`: each kernel with what it must
+/// show.
+pub(crate) fn matrix() -> Vec<Options> {
+    vec![
+        Options::new(
+            "6.12",
+            &[
+                "kernel_support",
+                "datapath",
+                "host_routing",
+                "dual_stack",
+                "agent",
+            ],
+        ),
+        Options::new("6.1", &["kernel_support"]),
+    ]
+}
