@@ -173,14 +173,20 @@ fn a_dual_stack_cluster_reaches_every_pod_over_both_families() {
     assert_v6_peer_routes(n0, 2);
 
     // `weft teardown` removes the IPv6 parts too: the device, its routes,
-    // table ip6 weft.
+    // table ip6 weft. Without --ip-masq the table holds only the chain that
+    // makes conntrack track for `auto`'s gate, so it is there exactly where
+    // the gate is (the conntrack kfuncs within reach).
     let mut c = c;
     let had_table = c.nodes[0]
         .node
         .ns
         .exec("nft", &["list", "table", "ip6", "weft"])
         .is_ok();
-    assert!(had_table, "table ip6 weft is there to remove");
+    assert_eq!(
+        had_table,
+        weft_tests::host_routing() == "auto" && weft_tests::conntrack_kfuncs(),
+        "table ip6 weft is there (to remove) exactly where auto's gate needs it"
+    );
     c.nodes[0].agent.stop().unwrap();
     let n0 = &c.nodes[0];
     let (pins, state) = (
