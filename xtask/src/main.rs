@@ -8,6 +8,7 @@
 //! - `fuzz [--seconds N] [TARGET..]`: the fuzz targets, longer
 //! - `demo`: setup, then a 3-node cluster in network namespaces, end to end
 //! - `vm-test [--kernel 6.12|6.1] [TESTS..]`: the privileged tests on another kernel, in a VM
+//! - `vm-bench [--kernel 6.12] ARGS`: a benchmark in such a VM
 //! - `bench datapath|egress|leases|control-plane`: benchmarks, side by side with baselines
 //! - `image`: the container image (a static binary, from scratch) as an OCI archive
 
@@ -84,6 +85,25 @@ enum Command {
         /// Test targets (files of tests/tests/); the kernel's matrix entry
         /// when none.
         tests: Vec<String>,
+    },
+    /// `cargo xtask bench ARGS` in a VM of one of Debian's kernels (with
+    /// KVM its ratios are worth reading; under emulation it is a smoke run).
+    VmBench {
+        /// The kernel series: 6.12 or 6.1.
+        #[arg(long, default_value = "6.12")]
+        kernel: String,
+        #[arg(long, value_enum, default_value_t = vm::qemu::AccelChoice::Auto)]
+        accel: vm::qemu::AccelChoice,
+        #[arg(long, default_value_t = 2)]
+        cpus: u32,
+        #[arg(long, default_value = "4G")]
+        memory: String,
+        /// Minutes the VM may run, boot to power-off.
+        #[arg(long, default_value_t = 60)]
+        minutes: u64,
+        /// The benchmark and its options, as for `cargo xtask bench`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        args: Vec<String>,
     },
     /// Run the fuzz targets (all, or those named) for longer.
     Fuzz {
@@ -187,6 +207,30 @@ fn run() -> Result<()> {
                     eprintln!("  {f}");
                 }
                 anyhow::bail!("the tests in the {kernel} VM failed");
+            }
+            Ok(())
+        }
+        Command::VmBench {
+            kernel,
+            accel,
+            cpus,
+            memory,
+            minutes,
+            args,
+        } => {
+            let weft = cmd::build(true)?;
+            let mut opts = vm::Options::new(&kernel, &[]);
+            opts.bench = Some(args);
+            opts.accel = accel;
+            opts.cpus = cpus;
+            opts.memory = memory;
+            opts.timeout = std::time::Duration::from_secs(minutes * 60);
+            let report = vm::run(&opts, &weft)?;
+            if !report.ok() {
+                for f in &report.failures {
+                    eprintln!("  {f}");
+                }
+                anyhow::bail!("the benchmark in the {kernel} VM failed");
             }
             Ok(())
         }

@@ -8,11 +8,14 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::cargo;
 
-/// One test target of the tests crate (`tests/tests/<name>.rs`).
+/// A program the guest runs: a test target of the tests crate
+/// (`tests/tests/<name>.rs`), or the benchmarks.
 #[derive(Clone, Debug)]
 pub(crate) struct TestBinary {
     pub(crate) name: String,
     pub(crate) executable: PathBuf,
+    /// Its arguments (a test filter, a benchmark and its options).
+    pub(crate) args: Vec<String>,
 }
 
 /// Builds the named test targets and returns their executables, in the
@@ -58,6 +61,7 @@ pub(crate) fn build(names: &[String]) -> Result<Vec<TestBinary>> {
             found.push(TestBinary {
                 name: name.to_string(),
                 executable: PathBuf::from(exe),
+                args: vec![],
             });
         }
     }
@@ -101,4 +105,24 @@ pub(crate) fn check_names(names: &[String]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `weft-bench` in a release build, to run with `args`.
+pub(crate) fn bench(args: &[String]) -> Result<TestBinary> {
+    let mut c = cargo();
+    c.args([
+        "build",
+        "--release",
+        "--locked",
+        "--package",
+        "weft-tests",
+        "--bin",
+        "weft-bench",
+    ]);
+    crate::cmd::run(c)?;
+    Ok(TestBinary {
+        name: "bench".into(),
+        executable: std::fs::canonicalize("target/release/weft-bench")?,
+        args: args.to_vec(),
+    })
 }

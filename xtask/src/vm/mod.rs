@@ -39,6 +39,9 @@ pub(crate) struct Options {
     pub(crate) tests: Vec<String>,
     /// Passed to each test binary (a test name filter).
     pub(crate) filter: Option<String>,
+    /// Instead of the tests: `weft-bench` with these arguments (a release
+    /// build, with the release agent).
+    pub(crate) bench: Option<Vec<String>>,
     /// More environment for the tests.
     pub(crate) env: Vec<(String, String)>,
     /// The whole VM run, boot to power-off.
@@ -55,6 +58,7 @@ impl Options {
             memory: "4G".into(),
             tests: tests.iter().map(|t| t.to_string()).collect(),
             filter: None,
+            bench: None,
             env: vec![],
             timeout: Duration::from_secs(30 * 60),
         }
@@ -82,8 +86,17 @@ pub(crate) fn run(opts: &Options, weft: &Path) -> Result<Report> {
     let started = Instant::now();
     let series = kernels::series(&opts.kernel)?;
     let (kernel, _) = kernels::fetch(series)?;
-    binaries::check_names(&opts.tests)?;
-    let tests = binaries::build(&opts.tests)?;
+    let tests = match &opts.bench {
+        Some(args) => vec![binaries::bench(args)?],
+        None => {
+            binaries::check_names(&opts.tests)?;
+            let mut tests = binaries::build(&opts.tests)?;
+            for t in &mut tests {
+                t.args.extend(opts.filter.clone());
+            }
+            tests
+        }
+    };
     let scratch = std::fs::canonicalize("target")?.join("vm");
     let dir = scratch.join(&opts.kernel);
     let _ = std::fs::remove_dir_all(&dir);
@@ -101,7 +114,11 @@ pub(crate) fn run(opts: &Options, weft: &Path) -> Result<Report> {
         accel.name(),
         opts.cpus,
         opts.memory,
-        opts.tests.join(", ")
+        tests
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let script = dir.join("guest.sh");
     std::fs::write(&script, guest_script(opts, weft, &tests, &dir, scale)?)?;
@@ -213,12 +230,13 @@ fn guest_script(
         "cd {}\n",
         sh(&binaries::tests_dir()?.display().to_string())
     ));
-    let filter = opts.filter.as_deref().map(sh).unwrap_or_default();
     for t in tests {
         let n = &t.name;
+        let args: Vec<String> = t.args.iter().map(|a| sh(a)).collect();
         s.push_str(&format!(
-            "t0=$(date +%s)\n{} {filter} > {d}/{n}.log 2>&1\necho $? > {d}/{n}.status.tmp\necho $(( $(date +%s) - t0 )) > {d}/{n}.seconds\nmv {d}/{n}.status.tmp {d}/{n}.status\n",
+            "t0=$(date +%s)\n{} {} > {d}/{n}.log 2>&1\necho $? > {d}/{n}.status.tmp\necho $(( $(date +%s) - t0 )) > {d}/{n}.seconds\nmv {d}/{n}.status.tmp {d}/{n}.status\n",
             sh(&t.executable.display().to_string()),
+            args.join(" "),
         ));
     }
     s.push_str("sync\n");
@@ -290,4 +308,15 @@ pub(crate) fn matrix() -> Vec<Options> {
         ),
         Options::new("6.1", &["kernel_support"]),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_quoted_for_the_guest_shell() {
+        assert_eq!(sh("a b"), "'a b'");
+        assert_eq!(sh("it's"), r"'it'\''s'");
+    }
 }
