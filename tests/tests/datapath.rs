@@ -385,19 +385,33 @@ fn hostile_packets_are_dropped_and_counted() {
     let counters = Counters::open(c.pins[0].pins()).unwrap();
     let before = Snapshot::of(&counters);
 
-    // A UDP listener in the target pod records what gets through.
+    // A UDP listener in the target pod records what gets through, until a
+    // second of silence after the sender is done (however long scapy takes
+    // to start).
     let (tx, rx) = std::sync::mpsc::channel();
     let pod_ip = pod.ip;
-    let listener = pod.ns.spawn_thread(move || {
-        let s = std::net::UdpSocket::bind((pod_ip, 7777)).unwrap();
-        s.set_read_timeout(Some(weft_tests::scaled(std::time::Duration::from_secs(3))))
-            .unwrap();
-        tx.send(()).unwrap();
-        let mut got = Vec::new();
-        while let Some((payload, tos)) = weft_tests::traffic::recv_with_tos(&s) {
-            got.push((String::from_utf8_lossy(&payload).into_owned(), tos));
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listener = pod.ns.spawn_thread({
+        let sent = sent.clone();
+        move || {
+            let s = std::net::UdpSocket::bind((pod_ip, 7777)).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(1)))
+                .unwrap();
+            tx.send(()).unwrap();
+            let mut got = Vec::new();
+            let deadline =
+                std::time::Instant::now() + weft_tests::scaled(std::time::Duration::from_secs(60));
+            while std::time::Instant::now() < deadline {
+                match weft_tests::traffic::recv_with_tos(&s) {
+                    Some((payload, tos)) => {
+                        got.push((String::from_utf8_lossy(&payload).into_owned(), tos))
+                    }
+                    None if sent.load(std::sync::atomic::Ordering::SeqCst) => break,
+                    None => {}
+                }
+            }
+            got
         }
-        got
     });
     rx.recv().unwrap();
 
@@ -430,7 +444,9 @@ sendp(pkts, iface="eth0")
         pod = pod.ip,
         node = target.ip,
     );
-    attacker.exec("/usr/bin/python3", &["-c", &script]).unwrap();
+    let r = attacker.exec("/usr/bin/python3", &["-c", &script]);
+    sent.store(true, std::sync::atomic::Ordering::SeqCst);
+    r.unwrap();
     let got = listener.join().unwrap();
     assert_eq!(
         got,
