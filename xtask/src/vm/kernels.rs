@@ -153,7 +153,17 @@ pub(crate) fn fetch(series: Series) -> Result<(Kernel, bool)> {
     if let Some(k) = cached(series) {
         return Ok((k, false));
     }
-    let package = newest_package(series)?;
+    // apt's lists may be missing or old on a machine that had every
+    // package already: refresh them once, then ask again.
+    let package = match newest_package(series) {
+        Ok(p) => p,
+        Err(_) => {
+            let mut update = Command::new("apt-get");
+            update.args(["update", "-qq"]);
+            run(update).context("apt-get update, to find Debian's kernel packages")?;
+            newest_package(series)?
+        }
+    };
     let cache = cache();
     let debs = cache.join("debs");
     std::fs::create_dir_all(&debs)?;
