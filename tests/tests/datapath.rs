@@ -365,9 +365,11 @@ fn interop_with_a_flannel_node_using_the_kernel_vxlan_device() {
     let (n, ok) = tcp_transfer(&w.ns, w.ip, 5202, &f.ns, 30 << 20);
     assert!(n == 30 << 20 && ok, "TCP flannel -> weft");
     let counters = Counters::open(pins.pins()).unwrap();
+    // Counted per skb: GRO aggregates more where the receiver is slower (a
+    // busy or emulated host), so the floor is well below 30 MB's segments.
     assert!(
-        counters.get(Reason::Decapsulated).unwrap().packets > 1000,
-        "flannel's frames were decapsulated by XDP"
+        counters.get(Reason::Decapsulated).unwrap().packets > 100,
+        "flannel's frames were decapsulated by Weft"
     );
 }
 
