@@ -201,14 +201,7 @@ fn run() -> Result<()> {
             opts.memory = memory;
             opts.filter = filter;
             opts.timeout = std::time::Duration::from_secs(minutes * 60);
-            let report = vm::run(&opts, &weft)?;
-            if !report.ok() {
-                for f in &report.failures {
-                    eprintln!("  {f}");
-                }
-                anyhow::bail!("the tests in the {kernel} VM failed");
-            }
-            Ok(())
+            vm::run_or_fail(&opts, &weft, "the tests")
         }
         Command::VmBench {
             kernel,
@@ -225,14 +218,7 @@ fn run() -> Result<()> {
             opts.cpus = cpus;
             opts.memory = memory;
             opts.timeout = std::time::Duration::from_secs(minutes * 60);
-            let report = vm::run(&opts, &weft)?;
-            if !report.ok() {
-                for f in &report.failures {
-                    eprintln!("  {f}");
-                }
-                anyhow::bail!("the benchmark in the {kernel} VM failed");
-            }
-            Ok(())
+            vm::run_or_fail(&opts, &weft, "the benchmark")
         }
         Command::Bench { args } => cmd::tool("weft-bench", &args),
         Command::Image { no_setup } => {

@@ -201,6 +201,19 @@ pub(crate) fn run(opts: &Options, weft: &Path) -> Result<Report> {
     Ok(report)
 }
 
+/// [`run`], its failures listed and the run failed if any (`what`: what
+/// ran, for the message).
+pub(crate) fn run_or_fail(opts: &Options, weft: &Path, what: &str) -> Result<()> {
+    let report = run(opts, weft)?;
+    if !report.ok() {
+        for f in &report.failures {
+            eprintln!("  {f}");
+        }
+        anyhow::bail!("{what} in the {} VM failed", opts.kernel);
+    }
+    Ok(())
+}
+
 /// Quotes `s` for the guest's shell.
 fn sh(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
