@@ -259,6 +259,15 @@ pub const CONFIG_F_IPV6: u32 = 16;
 /// conntrack kfuncs. [`CONFIG_F_BYPASS`] implies it.
 pub const CONFIG_F_SOURCE_CHECK: u32 = 32;
 
+/// The kernel's vxlan device (collect-metadata, on our port) decapsulates
+/// what does not go straight into a local pod: TC decapsulation on the
+/// uplink checks such a frame and passes it on whole, so the kernel strips
+/// it as its own tunnel (clearing the tunnel's offload state, which a
+/// program cannot: a frame stripped in TC stays a tunnel GSO packet, which
+/// the bridge then segments in software) and `weft_tunnel_rx` checks what
+/// comes out. Without it TC strips every frame itself.
+pub const CONFIG_F_KERNEL_RX: u32 = 64;
+
 /// XDP's mark on a frame it decapsulated (in the frame's metadata), for the
 /// TC program that delivers it after GRO.
 pub const XDP_DECAP_MARK: u32 = 0x5745_4654;

@@ -88,7 +88,7 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
     if too_big(ctx, cfg, len) {
         return Ok(pass);
     }
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V4>(ctx, cfg, data, end, &ip) {
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V4>(ctx, cfg, data, end, ETH_LEN, &ip) {
         return Ok(pass);
     }
     // An skb that cannot be encapsulated (one that already is) is left
@@ -151,7 +151,7 @@ fn from_pod6(
     if too_big6(ctx, cfg, len) {
         return Ok(pass);
     }
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V6>(ctx, cfg, data, end, &ip) {
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V6>(ctx, cfg, data, end, ETH_LEN, &ip) {
         return Ok(pass);
     }
     // The hop through this node, as routing would count it.
@@ -194,7 +194,7 @@ fn direct(
     if gso_size == 0 && len - ETH_LEN as u32 > cfg.uplink_mtu {
         return Ok(pass);
     }
-    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V4>(ctx, cfg, data, end, ip) {
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V4>(ctx, cfg, data, end, ETH_LEN, ip) {
         return Ok(pass);
     }
     if !dec_ttl(ctx.data(), ctx.data_end(), ETH_LEN) {
@@ -238,43 +238,61 @@ pub(crate) fn deliver(ctx: &TcContext, cfg: &DataplaneConfig) -> Option<i32> {
     }
     let (data, end) = linear(ctx, ETH_LEN + IPV6_LEN).ok()?;
     let eth = read::<EthHdr>(data, end, 0)?;
-    let ep = if eth.proto == ETH_P_IPV6.to_be() {
-        let ip = read::<Ipv6Hdr>(data, end, ETH_LEN)?;
-        if ip.version() != 6 || ip.hop_limit <= 1 {
-            return None;
-        }
-        // SAFETY: a plain hash lookup; the value is copied out at once.
-        let ep = *unsafe { WEFT_ENDPOINTS6.get(ip.daddr) }?;
-        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V6>(ctx, cfg, data, end, &ip) {
-            return None;
-        }
-        if !write(data, end, ETH_LEN + 7, ip.hop_limit - 1) {
-            return None;
-        }
-        ep
+    let v6 = eth.proto == ETH_P_IPV6.to_be();
+    let ep = if v6 {
+        endpoint::<V6>(ctx, cfg, data, end, ETH_LEN)?
     } else {
-        let ip = read::<Ipv4Hdr>(data, end, ETH_LEN)?;
-        if ip.ttl <= 1 {
-            return None;
-        }
-        // SAFETY: a plain hash lookup; the value is copied out at once.
-        let ep = *unsafe { WEFT_ENDPOINTS.get(ip.daddr) }?;
-        if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V4>(ctx, cfg, data, end, &ip) {
-            return None;
-        }
-        if !dec_ttl(data, end, ETH_LEN) {
-            return None;
-        }
-        ep
+        endpoint::<V4>(ctx, cfg, data, end, ETH_LEN)?
     };
-    into_pod(ctx, data, end, &ep)
+    into_pod(ctx, data, end, &ep, v6)
 }
 
-/// Addresses the frame to the pod and hands it to the pod's side of the
-/// veth.
+/// The local pod that the IP packet of family `F` at `at` in `[data, end)`
+/// may be delivered to on the fast path, or None when it takes the host
+/// stack: its destination is a registered endpoint, it may be forwarded
+/// (TTL or hop limit above 1), and conntrack lets it through (`auto`).
+/// `at` is after the outer headers for a frame not decapsulated yet, so
+/// the choice can be made before the outer headers are stripped.
 #[inline(always)]
-fn into_pod(ctx: &TcContext, data: usize, end: usize, ep: &Endpoint) -> Option<i32> {
-    if !write(data, end, 0, ep.pod_mac) || !write(data, end, 6, ep.gw_mac) {
+pub(crate) fn endpoint<F: Family>(
+    ctx: &TcContext,
+    cfg: &DataplaneConfig,
+    data: usize,
+    end: usize,
+    at: usize,
+) -> Option<Endpoint> {
+    if cfg.flags & CONFIG_F_BYPASS == 0 {
+        return None;
+    }
+    let ip = read::<F::Hdr>(data, end, at)?;
+    if !F::forwardable(&ip) {
+        return None;
+    }
+    let ep = F::endpoint(&F::daddr(&ip))?;
+    if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<F>(ctx, cfg, data, end, at, &ip) {
+        return None;
+    }
+    Some(ep)
+}
+
+/// Forwards the frame (Ethernet + IP, IPv6 if `v6`, at the start of
+/// `[data, end)`) to endpoint `ep`: decrements its TTL or hop limit,
+/// addresses it to the pod and hands it to the pod's side of the veth.
+#[inline(always)]
+pub(crate) fn into_pod(
+    ctx: &TcContext,
+    data: usize,
+    end: usize,
+    ep: &Endpoint,
+    v6: bool,
+) -> Option<i32> {
+    let hops = if v6 {
+        read::<u8>(data, end, ETH_LEN + 7)
+            .is_some_and(|h| h > 1 && write(data, end, ETH_LEN + 7, h - 1))
+    } else {
+        dec_ttl(data, end, ETH_LEN)
+    };
+    if !hops || !write(data, end, 0, ep.pod_mac) || !write(data, end, 6, ep.gw_mac) {
         return None;
     }
     // SAFETY: the helper only sets the context's sk_buff's packet type.
@@ -283,21 +301,22 @@ fn into_pod(ctx: &TcContext, data: usize, end: usize, ep: &Endpoint) -> Option<i
     Some(unsafe { bpf_redirect_peer(ep.ifindex, 0) } as i32)
 }
 
-/// The conntrack gate, for an IP packet at `ETH_LEN` whose transport
-/// header follows its fixed header (anything else takes the stack).
+/// The conntrack gate, for an IP packet at `at` whose transport header
+/// follows its fixed header (anything else takes the stack).
 #[inline(always)]
 fn gate<F: Family>(
     ctx: &TcContext,
     cfg: &DataplaneConfig,
     data: usize,
     end: usize,
+    at: usize,
     ip: &F::Hdr,
 ) -> bool {
     if !F::plain(ip) {
         return false;
     }
     let proto = F::proto(ip);
-    let Some((ports, flags)) = transport(data, end, ETH_LEN + F::HDR_LEN, proto) else {
+    let Some((ports, flags)) = transport(data, end, at + F::HDR_LEN, proto) else {
         return false;
     };
     ct::allows(ctx, cfg, F::flow(ip), proto, ports, flags)

@@ -4,12 +4,12 @@
 //! monomorphised: the verifier sees the same code as if written twice.
 
 use aya_ebpf::maps::lpm_trie::Key;
-use dataplane_common::{DataplaneConfig, Reason};
+use dataplane_common::{DataplaneConfig, Endpoint, Reason};
 
 use crate::{
     ct::Flow,
     headers::{ENCAP_LEN, ENCAP6_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_LEN, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
-    maps::{WEFT_PEERS, WEFT_PEERS6, WEFT_VTEPS, WEFT_VTEPS6},
+    maps::{WEFT_ENDPOINTS, WEFT_ENDPOINTS6, WEFT_PEERS, WEFT_PEERS6, WEFT_VTEPS, WEFT_VTEPS6},
     packet::{eq16, in_subnet4, in_subnet6},
     verdict::Dropped,
 };
@@ -51,6 +51,11 @@ pub(crate) trait Family {
     fn plain(h: &Self::Hdr) -> bool;
     /// The flow's addresses, for a conntrack lookup.
     fn flow(h: &Self::Hdr) -> Flow;
+    /// Whether the packet may be forwarded once more (TTL or hop limit
+    /// above 1).
+    fn forwardable(h: &Self::Hdr) -> bool;
+    /// The local pod registered for address `a`, if any.
+    fn endpoint(a: &Self::Addr) -> Option<Endpoint>;
 }
 
 pub(crate) struct V4;
@@ -117,6 +122,15 @@ impl Family for V4 {
             daddr: h.daddr,
         }
     }
+    #[inline(always)]
+    fn forwardable(h: &Ipv4Hdr) -> bool {
+        h.ttl > 1
+    }
+    #[inline(always)]
+    fn endpoint(a: &u32) -> Option<Endpoint> {
+        // SAFETY: a plain hash lookup; the value is copied out at once.
+        unsafe { WEFT_ENDPOINTS.get(a) }.copied()
+    }
 }
 
 impl Family for V6 {
@@ -178,6 +192,15 @@ impl Family for V6 {
             saddr: h.saddr,
             daddr: h.daddr,
         }
+    }
+    #[inline(always)]
+    fn forwardable(h: &Ipv6Hdr) -> bool {
+        h.version() == 6 && h.hop_limit > 1
+    }
+    #[inline(always)]
+    fn endpoint(a: &[u8; 16]) -> Option<Endpoint> {
+        // SAFETY: a plain hash lookup; the value is copied out at once.
+        unsafe { WEFT_ENDPOINTS6.get(a) }.copied()
     }
 }
 

@@ -8,12 +8,15 @@ use aya_ebpf::{
     helpers::generated::{bpf_xdp_adjust_head, bpf_xdp_adjust_meta},
     programs::{TcContext, XdpContext},
 };
-use dataplane_common::{CONFIG_F_BYPASS, DataplaneConfig, Reason, XDP_DECAP_MARK};
+use dataplane_common::{
+    CONFIG_F_BYPASS, CONFIG_F_KERNEL_RX, DataplaneConfig, Reason, XDP_DECAP_MARK,
+};
 
 use crate::{
     bypass,
-    decap::{CLASSIFY_LEN4, classify, classify_len, set_ce},
-    headers::{ETH_LEN, IPV6_LEN},
+    decap::{CLASSIFY_LEN4, Decap, classify, classify_len, set_ce},
+    family::{Family, V4, V6},
+    headers::{ETH_LEN, IPV4_LEN, IPV6_LEN},
     packet::{linear, read, write},
     verdict::{Done, Dropped},
 };
@@ -69,6 +72,67 @@ pub(crate) fn tc(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dr
             bytes: len,
         });
     };
+    if cfg.flags & CONFIG_F_KERNEL_RX != 0 {
+        return to_pod_or_kernel(ctx, cfg, decap, len);
+    }
+    strip_tc(ctx, decap)?;
+    if let Some(action) = bypass::deliver(ctx, cfg) {
+        return Ok(Done {
+            action,
+            reason: Reason::DecapBypass,
+            bytes: len - decap.len,
+        });
+    }
+    Ok(Done {
+        action: TC_ACT_OK,
+        reason: Reason::Decapsulated,
+        bytes: len - decap.len,
+    })
+}
+
+/// A checked frame with the kernel's vxlan device behind the uplink
+/// ([`CONFIG_F_KERNEL_RX`]): stripped here and delivered only if it goes
+/// straight into a local pod (chosen from its inner headers before
+/// stripping); anything else is passed on whole for the kernel to
+/// decapsulate (counted there, by `weft_tunnel_rx`).
+#[inline(always)]
+fn to_pod_or_kernel(
+    ctx: &TcContext,
+    cfg: &DataplaneConfig,
+    decap: Decap,
+    len: u32,
+) -> Result<Done<i32>, Dropped> {
+    let pass = Done {
+        action: TC_ACT_OK,
+        reason: Reason::Passed,
+        bytes: len,
+    };
+    // The inner IP header and the transport header's ports and flags.
+    let ip_len = if decap.v6 { IPV6_LEN } else { IPV4_LEN };
+    let (data, end) = linear(ctx, ETH_LEN + decap.len as usize + ip_len + 14)?;
+    let ep = if decap.v6 {
+        bypass::endpoint::<V6>(ctx, cfg, data, end, ETH_LEN + V6::ENCAP_LEN)
+    } else {
+        bypass::endpoint::<V4>(ctx, cfg, data, end, ETH_LEN + V4::ENCAP_LEN)
+    };
+    let Some(ep) = ep else {
+        return Ok(pass);
+    };
+    strip_tc(ctx, decap)?;
+    let (data, end) = linear(ctx, ETH_LEN + IPV6_LEN)?;
+    let Some(action) = bypass::into_pod(ctx, data, end, &ep, decap.v6) else {
+        return Err(Reason::DropError.into());
+    };
+    Ok(Done {
+        action,
+        reason: Reason::DecapBypass,
+        bytes: len - decap.len,
+    })
+}
+
+/// Strips a classified frame in TC, and carries a congestion mark inward.
+#[inline(always)]
+fn strip_tc(ctx: &TcContext, decap: Decap) -> Result<(), Dropped> {
     // Remove outer IP/UDP/VXLAN and the inner Ethernet header; the outer
     // Ethernet header (already addressed to us, of the inner packet's
     // protocol) stays.
@@ -84,18 +148,7 @@ pub(crate) fn tc(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dr
             return Err(Reason::DropError.into());
         }
     }
-    if let Some(action) = bypass::deliver(ctx, cfg) {
-        return Ok(Done {
-            action,
-            reason: Reason::DecapBypass,
-            bytes: len - decap.len,
-        });
-    }
-    Ok(Done {
-        action: TC_ACT_OK,
-        reason: Reason::Decapsulated,
-        bytes: len - decap.len,
-    })
+    Ok(())
 }
 
 /// Marks a frame XDP decapsulated, in its metadata, for `weft_deliver`.

@@ -351,10 +351,12 @@ impl Agent {
                 }
                 _ = sigterm.recv() => {
                     tracing::info!("SIGTERM: exiting; the dataplane stays in place and the lease is kept");
+                    self.dataplane.release_port().await;
                     return Ok(());
                 }
                 _ = sigint.recv() => {
                     tracing::info!("SIGINT: exiting; the dataplane stays in place and the lease is kept");
+                    self.dataplane.release_port().await;
                     return Ok(());
                 }
             }

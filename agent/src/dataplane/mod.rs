@@ -242,6 +242,17 @@ impl Dataplane {
         }
     }
 
+    /// The agent is stopping: see [`Overlay::release_port`].
+    pub(crate) async fn release_port(&mut self) {
+        if let Kind::Ebpf {
+            overlay: Some(o), ..
+        } = &mut self.kind
+            && let Err(e) = o.release_port().await
+        {
+            tracing::warn!(error = %format!("{e:#}"), "cannot set the receive device down");
+        }
+    }
+
     /// Puts back what something else removed and follows the uplink's MTU
     /// (see [`Overlay::heal`]).
     pub(crate) async fn heal(&mut self) -> Result<Healed> {

@@ -267,17 +267,19 @@ impl Netlink {
             .with_context(|| format!("configuring {}", link.name))
     }
 
-    /// Creates (or converges) the IPv6 overlay device `name`: the kernel's
-    /// vxlan driver in collect-metadata mode on UDP `port` (`ip link add
-    /// NAME type vxlan external dstport PORT local LOCAL nolearning`), ARP
-    /// off, `mac` and `mtu`, up. The TC programs give every packet its
-    /// tunnel key; the driver writes the outer headers, with UDP checksums.
-    /// Returns the device's index, and whether it was created now.
-    pub(crate) async fn ensure_vxlan6_device(
+    /// Creates (or converges) a vxlan device `name`: the kernel's vxlan
+    /// driver in collect-metadata mode on UDP `port` (`ip link add NAME type
+    /// vxlan external dstport PORT [local LOCAL] nolearning`), ARP off, `mac`
+    /// and `mtu`, up. It decapsulates both families (its sockets listen on
+    /// IPv4 and IPv6); to send, the TC programs give every packet its tunnel
+    /// key and the driver writes the outer headers, with UDP checksums, from
+    /// the IPv6 address `local`. Returns the device's index, and whether it
+    /// was created now.
+    pub(crate) async fn ensure_vxlan_device(
         &self,
         name: &str,
         port: u16,
-        local: Ipv6Addr,
+        local: Option<Ipv6Addr>,
         mac: [u8; 6],
         mtu: u32,
     ) -> Result<(u32, bool)> {
@@ -285,13 +287,15 @@ impl Netlink {
         let link = match self.link(name).await? {
             Some(l) if l.kind.as_deref() == Some("vxlan") => l,
             Some(l) => bail!(
-                "a device named {name} exists but is a {} device, not Weft's IPv6 overlay device; remove it",
+                "a device named {name} exists but is a {} device, not Weft's vxlan device; remove it",
                 l.kind.as_deref().unwrap_or("physical")
             ),
             None => {
-                let msg = LinkVxlan::new(name, 0)
-                    .port(port)
-                    .local6(local)
+                let mut msg = LinkVxlan::new(name, 0).port(port);
+                if let Some(local) = local {
+                    msg = msg.local6(local);
+                }
+                let msg = msg
                     .collect_metadata(true)
                     .learning(false)
                     .udp_zero_csum6_rx(false)
@@ -304,7 +308,7 @@ impl Netlink {
                     .await
                     .with_context(|| {
                         format!(
-                            "creating the IPv6 overlay device {name} (vxlan, collect-metadata, UDP {port}; another vxlan device on UDP {port}, such as flannel's, must be removed first)"
+                            "creating the vxlan device {name} (collect-metadata, UDP {port}; another vxlan device on UDP {port}, such as flannel's, must be removed first)"
                         )
                     })?;
                 created = true;
@@ -313,6 +317,16 @@ impl Netlink {
         };
         self.converge_noarp(&link, Some(mac), mtu).await?;
         Ok((link.index, created))
+    }
+
+    /// Sets device `index` down.
+    pub(crate) async fn set_down(&self, index: u32) -> Result<()> {
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).down().build())
+            .execute()
+            .await
+            .with_context(|| format!("setting device {index} down"))
     }
 
     pub(crate) async fn delete_link(&self, name: &str) -> Result<bool> {

@@ -11,7 +11,7 @@ use super::{
     loader::{self, off_runtime},
     netfilter,
     netlink::Netlink,
-    overlay::{device_name, device6_name},
+    overlay::{device_name, device6_name, receive_device_name},
 };
 
 /// Removes everything Weft created on this node: the programs (links), the
@@ -35,7 +35,7 @@ pub(crate) async fn teardown(pins: &PinDir, vni: u32, state_dir: &Path) -> Resul
         nl.del_route(&r).await?;
         removed.push(format!("route {}/{}", r.dst, r.prefix_len));
     }
-    for dev in [dev, device6_name(vni)] {
+    for dev in [dev, device6_name(vni), receive_device_name(vni)] {
         if nl.delete_link(&dev).await? {
             removed.push(format!("device {dev}"));
         }

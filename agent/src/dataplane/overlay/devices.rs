@@ -3,6 +3,17 @@
 //! device is a veth pair whose egress program encapsulates (`weft.<VNI>`),
 //! the IPv6 device is the kernel's vxlan driver in collect-metadata mode
 //! (`weft-v6.<VNI>`); what differs between them is said once, here.
+//!
+//! What does not go straight into a local pod is decapsulated by the
+//! kernel's vxlan device (a program cannot strip a tunnel the way the
+//! kernel does: a frame stripped in TC stays a tunnel GSO packet with
+//! `encapsulation` set, which the pod bridge then segments and checksums
+//! in software). One collect-metadata vxlan device per node receives for
+//! both families: the IPv6 device where the node has IPv6, otherwise the
+//! receive device `weft-rx.<VNI>`. It carries the node's IPv4 overlay
+//! address too, so reverse-path filtering accepts what it hands the stack.
+//! Where it cannot exist (another vxlan device, such as flannel's, holds
+//! the port), TC strips every frame itself, as before.
 
 use anyhow::{Context as _, Result, bail};
 use dataplane_common::program_names;
@@ -26,6 +37,12 @@ pub(crate) fn device6_name(vni: u32) -> String {
     format!("weft-v6.{vni}")
 }
 
+/// The receive device of a node without IPv6 (with IPv6, the IPv6 device
+/// receives for both families).
+pub(crate) fn receive_device_name(vni: u32) -> String {
+    format!("weft-rx.{vni}")
+}
+
 /// The other end of the IPv4 overlay device's veth pair.
 pub(crate) fn device_peer_name(vni: u32) -> String {
     format!("weft.{vni}.p")
@@ -38,8 +55,22 @@ pub(crate) fn flannel_device_name(vni: u32) -> String {
 }
 
 /// The names of every device Weft creates for a VNI.
-pub(crate) fn all_device_names(vni: u32) -> [String; 3] {
-    [device_name(vni), device_peer_name(vni), device6_name(vni)]
+pub(crate) fn all_device_names(vni: u32) -> [String; 4] {
+    [
+        device_name(vni),
+        device_peer_name(vni),
+        device6_name(vni),
+        receive_device_name(vni),
+    ]
+}
+
+/// What a device is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Its family's overlay device: routes to remote subnets go through it.
+    Overlay,
+    /// Only receives (the kernel decapsulates into it): no routes.
+    Receive,
 }
 
 /// The programs at a device's hooks.
@@ -48,6 +79,7 @@ pub(crate) type DevicePrograms = &'static [(&'static str, Hook)];
 /// One family's overlay device.
 pub(crate) struct OverlayDevice {
     pub(crate) family: Family,
+    pub(crate) role: Role,
     pub(crate) name: String,
     /// Its index, once it exists.
     pub(crate) index: Option<u32>,
@@ -76,18 +108,53 @@ impl OverlayDevice {
         };
         Self {
             family,
+            role: Role::Overlay,
             name,
             index: None,
             mtu,
         }
     }
 
+    /// The receive device of a node without IPv6.
+    fn receive(vni: u32, mtu: u32) -> Self {
+        Self {
+            family: Family::V4,
+            role: Role::Receive,
+            name: receive_device_name(vni),
+            index: None,
+            mtu,
+        }
+    }
+
+    /// Whether the kernel decapsulates into this device.
+    fn receives(&self) -> bool {
+        self.role == Role::Receive || self.family.is_v6()
+    }
+
+    /// The addresses it should have: its family's subnet's network address
+    /// (flannel's form: `10.244.3.0/32`, `fd00:10:244:3::/128`), and on a
+    /// receiving device the IPv4 one too, for reverse-path filtering.
+    fn wanted(&self, subnets: &Subnets) -> Vec<(Family, IpNet)> {
+        let mut out = Vec::new();
+        if let Some(s) = self.family.subnet(subnets) {
+            out.push((self.family, s));
+        }
+        if self.receives()
+            && self.family != Family::V4
+            && let Some(s) = Family::V4.subnet(subnets)
+        {
+            out.push((Family::V4, s));
+        }
+        out
+    }
+
     /// The programs at this device's hooks: encapsulation on egress, and
     /// for the vxlan device, the check of what it decapsulated.
     pub(super) fn programs(&self) -> DevicePrograms {
-        match self.family {
-            Family::V4 => &[(program_names::ENCAP, Hook::TcEgress)],
-            Family::V6 => &[
+        match (self.role, self.family) {
+            (Role::Receive, _) => &[(program_names::TUNNEL_RX, Hook::TcIngress)],
+            (Role::Overlay, Family::V4) => &[(program_names::ENCAP, Hook::TcEgress)],
+            (Role::Overlay, Family::V6) => &[
                 (program_names::ENCAP6, Hook::TcEgress),
                 (program_names::TUNNEL_RX, Hook::TcIngress),
             ],
@@ -101,13 +168,21 @@ impl OverlayDevice {
     /// The IPv4 device is a veth pair nothing else claims: not being able
     /// to create it is fatal.
     fn optional(&self) -> bool {
-        self.family.is_v6()
+        self.receives()
     }
 
     /// Creates the device or converges it (kind, MAC, MTU, up, no ARP)
     /// with its family's settings; returns its index and whether it is new.
     async fn converge(&self, nl: &Netlink, spec: &DataplaneSpec) -> Result<(u32, bool)> {
         let mac = spec.device_mac(self.family).0;
+        if self.role == Role::Receive {
+            let r = nl
+                .ensure_vxlan_device(&self.name, spec.port, None, mac, self.mtu)
+                .await?;
+            let _ = sysctl::write_iface("ipv6", &self.name, "disable_ipv6", "1");
+            sysctl::write_iface("ipv4", &self.name, "rp_filter", "2")?;
+            return Ok(r);
+        }
         match self.family {
             Family::V4 => {
                 let peer = device_peer_name(spec.vni);
@@ -126,30 +201,43 @@ impl OverlayDevice {
                     bail!("no IPv6 VTEP address");
                 };
                 let r = nl
-                    .ensure_vxlan6_device(&self.name, spec.port, local, mac, self.mtu)
+                    .ensure_vxlan_device(&self.name, spec.port, Some(local), mac, self.mtu)
                     .await?;
                 // No router advertisements on the overlay; its address is
                 // not duplicate-checked (no ARP, no neighbour discovery).
                 let _ = sysctl::write_iface("ipv6", &self.name, "accept_ra", "0");
+                // IPv4 packets it decapsulates come from remote subnets
+                // routed through the IPv4 device: reverse-path filtering
+                // here must be loose (the larger of `all` and the device's
+                // value applies, and 2 is the larger).
+                sysctl::write_iface("ipv4", &self.name, "rp_filter", "2")?;
                 Ok(r)
             }
         }
     }
 
-    /// Makes `subnet`'s network address the device's only address of its
-    /// family (flannel's form: `10.244.3.0/32`, `fd00:10:244:3::/128`).
-    async fn address(&self, nl: &Netlink, index: u32, subnet: IpNet) -> Result<()> {
-        nl.ensure_only_address(index, subnet.network(), self.family.host_prefix())
-            .await
+    /// Makes the [`wanted`](Self::wanted) addresses the device's only
+    /// addresses of their families.
+    async fn address(&self, nl: &Netlink, index: u32, subnets: &Subnets) -> Result<()> {
+        for (family, subnet) in self.wanted(subnets) {
+            nl.ensure_only_address(index, subnet.network(), family.host_prefix())
+                .await?;
+        }
+        Ok(())
     }
 
-    /// Creates or converges the device and its address.
-    async fn ensure(&mut self, nl: &Netlink, spec: &DataplaneSpec, subnet: IpNet) -> Result<()> {
+    /// Creates or converges the device and its addresses.
+    async fn ensure(
+        &mut self,
+        nl: &Netlink,
+        spec: &DataplaneSpec,
+        subnets: &Subnets,
+    ) -> Result<()> {
         let (index, created) = self.converge(nl, spec).await?;
         if created {
             tracing::info!(device = %self.name, mtu = self.mtu, "created the overlay device");
         }
-        self.address(nl, index, subnet).await?;
+        self.address(nl, index, subnets).await?;
         self.index = Some(index);
         Ok(())
     }
@@ -160,7 +248,7 @@ impl OverlayDevice {
         &mut self,
         nl: &Netlink,
         spec: &DataplaneSpec,
-        subnet: IpNet,
+        subnets: &Subnets,
         mtu: u32,
     ) -> Result<DeviceHealed> {
         let mut h = DeviceHealed::default();
@@ -203,10 +291,13 @@ impl OverlayDevice {
             }
         }
         if let Some(index) = self.index {
-            let want = [(subnet.network(), self.family.host_prefix())];
-            if nl.family_addresses(index, self.family.is_v6()).await? != want {
-                self.address(nl, index, subnet).await?;
-                h.address = true;
+            for (family, subnet) in self.wanted(subnets) {
+                let want = [(subnet.network(), family.host_prefix())];
+                if nl.family_addresses(index, family.is_v6()).await? != want {
+                    self.address(nl, index, subnets).await?;
+                    h.address = true;
+                    break;
+                }
             }
         }
         Ok(h)
@@ -267,18 +358,34 @@ impl Devices {
         let underlay = spec.underlay_mtu(uplink.mtu);
         let mut devices = Vec::new();
         for family in Family::ALL {
-            let (Some(subnet), Some(_)) = (family.subnet(&subnets), spec.vtep(family)) else {
+            let (Some(_), Some(_)) = (family.subnet(&subnets), spec.vtep(family)) else {
                 continue;
             };
-            let mut d = OverlayDevice::new(family, spec.vni, family.overlay_mtu(underlay));
-            match d.ensure(nl, spec, subnet).await {
+            devices.push(OverlayDevice::new(
+                family,
+                spec.vni,
+                family.overlay_mtu(underlay),
+            ));
+        }
+        if !devices.iter().any(OverlayDevice::receives) {
+            devices.push(OverlayDevice::receive(
+                spec.vni,
+                Family::V4.overlay_mtu(underlay),
+            ));
+        }
+        for d in &mut devices {
+            match d.ensure(nl, spec, &subnets).await {
                 Ok(()) => {}
                 Err(e) if d.optional() => {
-                    tracing::error!(device = %d.name, error = %format!("{e:#}"), "no overlay device yet; retrying");
+                    tracing::warn!(device = %d.name, error = %format!("{e:#}"), "no vxlan device yet (retrying); until then TC strips every frame");
                 }
                 Err(e) => return Err(e).with_context(|| format!("creating {}", d.name)),
             }
-            devices.push(d);
+        }
+        // A receive device of another shape of this node (IPv4-only before,
+        // now with IPv6) would hold the port.
+        if devices.iter().all(|d| d.role != Role::Receive) {
+            nl.delete_link(&receive_device_name(spec.vni)).await?;
         }
         let flannel_index = nl
             .link(&flannel_device_name(spec.vni))
@@ -303,9 +410,26 @@ impl Devices {
         self.devices.iter().filter(|d| d.index.is_some())
     }
 
-    /// `family`'s device, whether it exists yet or not.
+    /// `family`'s overlay device, whether it exists yet or not.
     pub(crate) fn get(&self, family: Family) -> Option<&OverlayDevice> {
-        self.devices.iter().find(|d| d.family == family)
+        self.devices
+            .iter()
+            .find(|d| d.family == family && d.role == Role::Overlay)
+    }
+
+    /// The kernel's vxlan device that decapsulates what does not go
+    /// straight into a pod (`weft_tunnel_rx` checks it), once it exists.
+    pub(crate) fn kernel_rx(&self) -> Option<&OverlayDevice> {
+        self.existing().find(|d| d.receives())
+    }
+
+    /// Forgets the receive device's index (it is about to go down), if the
+    /// node has one; returns the index.
+    pub(crate) fn stand_down_receive(&mut self) -> Option<u32> {
+        self.devices
+            .iter_mut()
+            .find(|d| d.role == Role::Receive)
+            .and_then(|d| d.index.take())
     }
 
     /// The index of `family`'s device, once it exists.
@@ -335,8 +459,8 @@ impl Devices {
     /// Gives the devices that exist the addresses of new `subnets`.
     pub(super) async fn set_subnets(&self, nl: &Netlink, subnets: &Subnets) -> Result<()> {
         for d in self.existing() {
-            if let (Some(index), Some(s)) = (d.index, d.family.subnet(subnets)) {
-                d.address(nl, index, s).await?;
+            if let Some(index) = d.index {
+                d.address(nl, index, subnets).await?;
             }
         }
         Ok(())
@@ -365,18 +489,18 @@ impl Devices {
         let underlay = spec.underlay_mtu(self.uplink.mtu);
         let mut h = DevicesHealed::default();
         for d in &mut self.devices {
-            let Some(subnet) = d.family.subnet(subnets) else {
+            if d.family.subnet(subnets).is_none() {
                 continue;
-            };
+            }
             let mtu = d.family.overlay_mtu(underlay);
-            let dh = d.heal(nl, spec, subnet, mtu).await?;
+            let dh = d.heal(nl, spec, subnets, mtu).await?;
             h.recreated |= dh.recreated;
             for (did, what) in [(dh.repaired, "device"), (dh.address, "address")] {
                 if did && !h.repairs.contains(&what) {
                     h.repairs.push(what);
                 }
             }
-            if dh.converged {
+            if dh.converged && d.role == Role::Overlay {
                 h.converged.push(d.family);
             }
         }

@@ -33,7 +33,7 @@ use std::{
 use anyhow::Result;
 use ipnet::IpNet;
 
-pub(crate) use devices::{device_name, device6_name};
+pub(crate) use devices::{device_name, device6_name, receive_device_name};
 pub use peers::{Problem, ProblemKind};
 
 use self::{
@@ -162,6 +162,8 @@ impl Overlay {
         netfilter::apply(&o.netfilter())?;
         o.write_config()?;
         o.programs.attach(&o.spec, &o.devices)?;
+        // Only now may frames be left to the kernel's vxlan device.
+        o.write_config()?;
         o.programs.log(o.spec.host_routing);
         if o.spec.host_routing == HostRouting::Auto && o.programs.has_conntrack() {
             o._marker = Some(conntrack::spawn_marker(&o.spec.pins, o.liberal.clone())?);
@@ -198,8 +200,33 @@ impl Overlay {
             &self.subnets,
             &self.devices,
             self.programs.has_conntrack(),
+            self.kernel_rx(),
         );
         self.table.maps.set_config(&c)
+    }
+
+    /// Whether the kernel's vxlan device may decapsulate: it is up and
+    /// `weft_tunnel_rx` checks what comes out of it.
+    fn kernel_rx(&self) -> bool {
+        self.devices.kernel_rx().is_some_and(|d| {
+            self.programs.attachments.iter().any(|a| {
+                a.iface == d.name && a.program == dataplane_common::program_names::TUNNEL_RX
+            })
+        })
+    }
+
+    /// The agent is stopping: the receive device of a node without IPv6
+    /// gives its UDP port back (so flannel's device can take it when a node
+    /// moves back), and TC strips every frame itself until an agent runs
+    /// again. Nothing else changes: the dataplane stays.
+    pub(crate) async fn release_port(&mut self) -> Result<()> {
+        let Some(index) = self.devices.stand_down_receive() else {
+            return Ok(());
+        };
+        self.write_config()?;
+        // Frames already passed on reach the device before it goes.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        self.nl.set_down(index).await
     }
 
     /// The pods' MTU: the smallest of the overlay devices' (IPv6 needs 20
@@ -322,6 +349,7 @@ impl Overlay {
             .heal(&self.spec, &self.devices, dh.recreated)?
         {
             h.repairs.push("programs");
+            self.write_config()?;
         }
         if self.spec.host_routing != HostRouting::Legacy
             && self.endpoints.heal(&mut self.programs.loaded) > 0

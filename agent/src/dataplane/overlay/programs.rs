@@ -4,8 +4,8 @@
 
 use anyhow::Result;
 use dataplane_common::{
-    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_READY,
-    CONFIG_F_SOURCE_CHECK, DataplaneConfig, map_names, program_names,
+    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_KERNEL_RX,
+    CONFIG_F_READY, CONFIG_F_SOURCE_CHECK, DataplaneConfig, map_names, program_names,
 };
 
 use super::super::{
@@ -169,6 +169,7 @@ pub(super) fn config(
     subnets: &Subnets,
     devices: &Devices,
     has_conntrack: bool,
+    kernel_rx: bool,
 ) -> DataplaneConfig {
     let on = |f: Family| f.subnet(subnets).is_some() && spec.vtep(f).is_some();
     let ct = conntrack::Refresh::read();
@@ -204,6 +205,7 @@ pub(super) fn config(
         vtep6_mac: spec.vtep6_mac.0,
         _pad1: [0; 2],
         flags: CONFIG_F_READY
+            | if kernel_rx { CONFIG_F_KERNEL_RX } else { 0 }
             | if on(Family::V4) { CONFIG_F_IPV4 } else { 0 }
             | if on(Family::V6) { CONFIG_F_IPV6 } else { 0 }
             | match spec.host_routing {
