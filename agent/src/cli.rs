@@ -312,6 +312,12 @@ pub(crate) struct AgentArgs {
         default_value = "/var/lib/cni/networks"
     )]
     pub cni_ipam_dir: PathBuf,
+    /// libcni's cache directory (the container runtime's): the results of
+    /// attachments under `results/` show the pods Weft's plugin did not
+    /// attach (flannel's, on a node moved from flannel), which are adopted
+    /// for host routing.
+    #[arg(long, env = "WEFT_CNI_CACHE_DIR", default_value = crate::cni::DEFAULT_CACHE_DIR)]
+    pub cni_cache_dir: PathBuf,
     #[command(flatten)]
     pub pins: PinArgs,
     /// Address of the health and metrics server.

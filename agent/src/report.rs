@@ -29,6 +29,10 @@ pub(crate) struct Report {
     pub(crate) host_routing: String,
     /// Local pods host routing reaches directly.
     pub(crate) endpoints: usize,
+    /// How many of the pods' registrations were adopted from the runtime's
+    /// CNI result cache (pods Weft's plugin did not attach).
+    #[serde(default)]
+    pub(crate) endpoints_adopted: usize,
     /// Pods' registrations not fit for host routing, and why (their pods
     /// take the host stack).
     #[serde(default)]

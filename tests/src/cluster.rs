@@ -98,6 +98,8 @@ pub struct Node {
     pub cni: Option<ConfList>,
     /// host-local's records of this node's pod addresses.
     pub ipam_dir: PathBuf,
+    /// The runtime's (libcni's) cache: every attachment's result.
+    pub cni_cache_dir: PathBuf,
     /// Pods get IPv6 (their namespaces have it on).
     pub ipv6: bool,
 }
@@ -128,6 +130,7 @@ impl Node {
     /// A node in an existing namespace.
     pub fn in_ns(ns: Netns, index: u8, ip: Ipv4Addr) -> Self {
         let ipam_dir = std::env::temp_dir().join(crate::unique("weft-ipam-"));
+        let cni_cache_dir = std::env::temp_dir().join(crate::unique("weft-cni-cache-"));
         Self {
             ns,
             index,
@@ -135,6 +138,7 @@ impl Node {
             pods: Vec::new(),
             cni: None,
             ipam_dir,
+            cni_cache_dir,
             ipv6: false,
         }
     }
@@ -181,6 +185,14 @@ impl Node {
         }
         let container_id = crate::cni::container_id(ns.name());
         let a = cni.add_with(&self.ns, &container_id, &ns, "eth0", cni_args)?;
+        crate::cni::cache_result(
+            &self.cni_cache_dir,
+            cni,
+            &container_id,
+            "eth0",
+            &ns,
+            &a.result,
+        )?;
         self.pods.push(Pod {
             ns,
             ip: a.ip,
@@ -203,6 +215,7 @@ impl Node {
             "eth0",
             Some(&pod.result),
         )?;
+        crate::cni::uncache_result(&self.cni_cache_dir, cni, &pod.container_id, "eth0");
         Ok(pod)
     }
 
@@ -223,6 +236,7 @@ impl Drop for Node {
         // host-local's records.
         self.pods.clear();
         let _ = std::fs::remove_dir_all(&self.ipam_dir);
+        let _ = std::fs::remove_dir_all(&self.cni_cache_dir);
     }
 }
 

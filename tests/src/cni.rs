@@ -323,6 +323,65 @@ impl ConfList {
     }
 }
 
+/// libcni's result cache under `cache_dir` (containerd's and CRI-O's
+/// `/var/lib/cni`): after an ADD the runtime keeps the network's result in
+/// `results/<network>-<container id>-<ifname>` (`"kind": "cniCacheV1"`, the
+/// network config base64-encoded), for DEL and CHECK; DEL removes it.
+pub fn cache_result(
+    cache_dir: &Path,
+    net: &ConfList,
+    container_id: &str,
+    ifname: &str,
+    netns: &Netns,
+    result: &Value,
+) -> Result<()> {
+    let config = json!({"cniVersion": net.cni_version, "name": net.name, "plugins": net.plugins});
+    let entry = json!({
+        "kind": "cniCacheV1",
+        "containerId": container_id,
+        "config": base64(&serde_json::to_vec(&config)?),
+        "ifName": ifname,
+        "networkName": net.name,
+        "netns": netns.path(),
+        "result": result,
+    });
+    let dir = cache_dir.join("results");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join(format!("{}-{container_id}-{ifname}", net.name)),
+        serde_json::to_vec(&entry)?,
+    )?;
+    Ok(())
+}
+
+/// Removes what [`cache_result`] wrote (libcni, after DEL).
+pub fn uncache_result(cache_dir: &Path, net: &ConfList, container_id: &str, ifname: &str) {
+    let _ = std::fs::remove_file(
+        cache_dir
+            .join("results")
+            .join(format!("{}-{container_id}-{ifname}", net.name)),
+    );
+}
+
+/// Standard base64, padded (Go's `[]byte` in JSON).
+fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in data.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// The pod's address and host interface from a CNI result.
 pub fn attached(result: Value) -> Result<Attached> {
     let ifaces = result["interfaces"].as_array().cloned().unwrap_or_default();

@@ -112,6 +112,8 @@ impl DualCluster {
             "9090",
             "--cni-ipam-dir",
             node.ipam_dir.to_str().expect("a path"),
+            "--cni-cache-dir",
+            node.cni_cache_dir.to_str().expect("a path"),
             "--iface",
             "eth0",
             "--host-routing",

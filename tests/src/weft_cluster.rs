@@ -130,6 +130,8 @@ impl WeftCluster {
                 "9090",
                 "--cni-ipam-dir",
                 node.ipam_dir.to_str().unwrap(),
+                "--cni-cache-dir",
+                node.cni_cache_dir.to_str().unwrap(),
             ]
             .iter()
             .map(|s| s.to_string()),
@@ -213,7 +215,13 @@ impl WeftCluster {
 impl WeftNode {
     /// Attaches pods of this node's subnet from now on the way the README
     /// sets it up: flannel's bridge + host-local, Weft's plugin chained.
+    /// With `WEFT_TEST_CNI=unchained`, as flannel's plugin does, without
+    /// Weft's plugin: the agent adopts the pods from the runtime's cache.
     pub fn use_cni(&mut self) {
+        if std::env::var("WEFT_TEST_CNI").as_deref() == Ok("unchained") {
+            self.node.use_subnet(self.subnet, 1450);
+            return;
+        }
         let state = self.agent.state_dir();
         self.node.use_subnet_weft(self.subnet, 1450, &state);
     }

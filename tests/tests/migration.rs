@@ -100,6 +100,8 @@ fn a_flannel_node_moves_to_weft_and_back() {
         "9090",
         "--cni-ipam-dir",
         f.ipam_dir.to_str().unwrap(),
+        "--cni-cache-dir",
+        f.cni_cache_dir.to_str().unwrap(),
         "--iface",
         "eth0",
     ]

@@ -192,10 +192,31 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
             crate::setup::kubernetes_validate_bin(),
         );
     let (mut tests, mut failures) = run_collecting_failures(c);
-    // The datapath and agent tests again, without host routing: the path
-    // every packet took before it, and still takes when the fast path
-    // cannot.
-    if filter.is_none() && tests.is_ok() {
+    // The datapath tests again without host routing (the host-stack path:
+    // what every packet took before it, and still takes when the fast path
+    // cannot), and the agent's with pods attached without Weft's plugin
+    // (adopted from the runtime's CNI cache, as on a node moved from
+    // flannel).
+    let reruns: [(&str, &str, &[&str]); 2] = [
+        (
+            "WEFT_TEST_HOST_ROUTING",
+            "legacy",
+            &[
+                "datapath",
+                "datapath6",
+                "mtu",
+                "untrusted",
+                "upgrade",
+                "dual_stack",
+                "agent",
+            ],
+        ),
+        ("WEFT_TEST_CNI", "unchained", &["agent"]),
+    ];
+    for (var, value, files) in reruns {
+        if filter.is_some() || tests.is_err() {
+            break;
+        }
         let mut c = cargo();
         c.args([
             "test",
@@ -203,15 +224,13 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
             "weft-tests",
             "--locked",
             "--no-fail-fast",
-            "--test",
-            "datapath",
-            "--test",
-            "agent",
         ]);
-        c.env("WEFT_BIN", &weft)
-            .env("WEFT_TEST_HOST_ROUTING", "legacy");
+        for f in files {
+            c.args(["--test", f]);
+        }
+        c.env("WEFT_BIN", &weft).env(var, value);
         let (r, f) = run_collecting_failures(c);
-        tests = r.context("the datapath and agent tests with --host-routing legacy");
+        tests = r.with_context(|| format!("the {} tests with {var}={value}", files.join(", ")));
         failures.extend(f);
     }
     // The kernel matrix: the privileged tests again on Debian's kernels,

@@ -68,6 +68,10 @@ struct Agent {
     host_routing: HostRouting,
     /// Local pods host routing reaches directly.
     endpoints: usize,
+    /// Pods of those that Weft's plugin did not attach.
+    endpoints_adopted: usize,
+    /// libcni's cache directory (results of attachments Weft did not make).
+    cni_cache_dir: PathBuf,
     /// Registrations not fit for host routing: (owner, why).
     endpoints_rejected: Vec<(String, String)>,
     /// `--ip-masq` (FLANNEL_IPMASQ in subnet.env).
@@ -165,6 +169,8 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         state_dir: args.state.state_dir.clone(),
         host_routing: args.host_routing,
         endpoints: 0,
+        endpoints_adopted: 0,
+        cni_cache_dir: args.cni_cache_dir.clone(),
         endpoints_rejected: Vec::new(),
         ip_masq: args.ip_masq,
         changed: Arc::new(tokio::sync::Notify::new()),
@@ -443,9 +449,29 @@ impl Agent {
             return;
         }
         let records = cni::records(&self.state_dir);
-        let want: Vec<_> = records.iter().flat_map(|r| r.endpoints()).collect();
+        // Pods attached without Weft's plugin (a node moved from flannel):
+        // found in the runtime's result cache, so they are fast at once.
+        let (adopted, skipped) = cni::adopted(&self.cni_cache_dir, &self.cni_ipam_dir, &records);
+        if adopted.len() != self.endpoints_adopted {
+            tracing::info!(
+                pods = adopted.len(),
+                cache = %self.cni_cache_dir.display(),
+                "pods attached without Weft's plugin, adopted from the runtime's CNI result cache"
+            );
+            self.endpoints_adopted = adopted.len();
+        }
+        let want: Vec<_> = records
+            .iter()
+            .chain(&adopted)
+            .flat_map(|r| r.endpoints())
+            .collect();
         match self.dataplane.sync_endpoints(&want).await {
-            Ok(s) => {
+            Ok(mut s) => {
+                s.rejected.extend(
+                    skipped
+                        .into_iter()
+                        .map(|(entry, why)| (format!("CNI cache {entry}"), why)),
+                );
                 for owner in &s.gone {
                     tracing::info!(owner, "forgetting the endpoint of a pod whose veth is gone");
                     cni::forget(&self.state_dir, owner);
@@ -522,6 +548,7 @@ impl Agent {
                 .collect(),
             host_routing: self.host_routing.as_str().to_string(),
             endpoints: self.endpoints,
+            endpoints_adopted: self.endpoints_adopted,
             endpoints_rejected: self
                 .endpoints_rejected
                 .iter()

@@ -14,6 +14,7 @@
 //! `<stateDir>/cni.sock`; with the agent down, ADD still succeeds and the
 //! pod takes the host stack until the agent, back, reads the record.
 
+mod adopt;
 mod config;
 mod delegate;
 mod error;
@@ -25,6 +26,7 @@ use std::{io::Read as _, process::ExitCode};
 
 use serde_json::{Value, json};
 
+pub(crate) use adopt::{DEFAULT_CACHE_DIR, adopted};
 pub(crate) use notify::Listener;
 pub(crate) use record::{forget, records};
 
@@ -170,7 +172,8 @@ fn add(conf: &NetConf, env: &Env) -> Result<String, CniError> {
         }
     };
     let rec = Record::from_result(
-        conf,
+        &conf.name,
+        &conf.bridge,
         env.container_id.clone(),
         env.ifname.clone(),
         &env.netns,
@@ -229,7 +232,8 @@ fn check(conf: &NetConf, env: &Env) -> Result<(), CniError> {
         delegate::exec(d, "CHECK", env, Some(prev))?;
     }
     let now = Record::from_result(
-        conf,
+        &conf.name,
+        &conf.bridge,
         env.container_id.clone(),
         env.ifname.clone(),
         &env.netns,

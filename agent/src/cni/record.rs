@@ -12,10 +12,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{
-    config::NetConf,
-    error::{CniError, Code},
-};
+use super::error::{CniError, Code};
 use crate::{dataplane::EndpointSpec, mac::MacAddr};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,7 +59,8 @@ impl Record {
     /// `ifname` (its MAC and addresses), and the host side of its veth
     /// (an interface of the result outside the sandbox, not the bridge).
     pub(crate) fn from_result(
-        conf: &NetConf,
+        network: &str,
+        bridge_name: &str,
         container_id: String,
         ifname: String,
         netns: &str,
@@ -111,7 +109,7 @@ impl Record {
             .iter()
             .filter(|i| !in_sandbox(i))
             .filter_map(|i| i["name"].as_str())
-            .find(|n| *n != conf.bridge && is_pod_device(n))
+            .find(|n| *n != bridge_name && is_pod_device(n))
             .ok_or_else(|| bad("the result names no host side of the pod's veth".into()))?
             .to_string();
         let host_ifindex =
@@ -123,19 +121,19 @@ impl Record {
             .iter()
             .filter(|i| !in_sandbox(i))
             .filter_map(|i| Some((i["name"].as_str()?, i["mac"].as_str())))
-            .find(|(n, _)| *n == conf.bridge || is_bridge(n));
+            .find(|(n, _)| *n == bridge_name || is_bridge(n));
         let gw_mac = bridge
             .and_then(|(_, m)| m?.parse().ok())
             .or_else(|| bridge.and_then(|(n, _)| sys_mac(n)))
             .or_else(|| sys_mac(&format!("{host_if}/master")))
-            .or_else(|| sys_mac(&conf.bridge))
+            .or_else(|| sys_mac(bridge_name))
             .or_else(|| sys_mac(&host_if))
-            .ok_or_else(|| bad(format!("no MAC for the gateway ({})", conf.bridge)))?;
+            .ok_or_else(|| bad(format!("no MAC for the gateway ({bridge_name})")))?;
         Ok(Self {
             container_id,
             ifname,
             netns: netns.to_string(),
-            network: conf.name.clone(),
+            network: network.to_string(),
             ip,
             other_ips: ips,
             pod_mac,
@@ -180,7 +178,7 @@ fn ifindex(name: &str) -> Option<u32> {
 
 /// Whether `iface` is a bridge (asked of its driver: sysfs may belong to
 /// another network namespace than the plugin's).
-fn is_bridge(iface: &str) -> bool {
+pub(crate) fn is_bridge(iface: &str) -> bool {
     crate::sys::ethtool::driver(iface).is_ok_and(|d| d == "bridge")
 }
 

@@ -144,6 +144,12 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
     }
     if let Some(r) = &agent {
         println!("  host routing: {}", r.host_routing);
+        if r.endpoints_adopted > 0 {
+            println!(
+                "  adopted: {} pod attachment(s) made without Weft's plugin (from the runtime's CNI result cache)",
+                r.endpoints_adopted
+            );
+        }
         println!(
             "  masquerade: {}",
             if r.masquerade {

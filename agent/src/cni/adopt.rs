@@ -1,0 +1,148 @@
+//! Pods Weft's plugin did not attach: those flannel's plugin (or any chain
+//! without a `weft` line) attached, as on a node just moved from flannel
+//! whose pods keep running. The container runtime keeps every attachment's
+//! result in libcni's cache (`<cacheDir>/results/<network>-<container
+//! id>-<ifname>`, `"kind": "cniCacheV1"`), and host-local keeps a file per
+//! address it gave out (`<ipamDir>/<network>/<address>`, the container id on
+//! its first line). An attachment is adopted when its cached result names a
+//! pod interface, its address and the host side of its veth, and, where
+//! host-local keeps the network's addresses, host-local still gives each of
+//! its addresses to that container (a cache entry left behind by a runtime
+//! that crashed during DEL is not a pod). The records made here are
+//! validated like the plugin's own (a veth whose other end is in another
+//! namespace, an address in the node's subnets) before they are programmed,
+//! and they live only as long as the cache entry: when the runtime deletes
+//! the pod, libcni removes the entry and the next sync removes the endpoint.
+
+use std::{
+    collections::HashSet,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use serde_json::Value;
+
+use super::record::Record;
+
+/// libcni's cache directory, as containerd and CRI-O use it.
+pub(crate) const DEFAULT_CACHE_DIR: &str = "/var/lib/cni";
+
+/// The bridge flannel's plugin attaches pods to, unless the result names
+/// another one.
+const DEFAULT_BRIDGE: &str = "cni0";
+
+/// A cache file larger than this is not a CNI result.
+const MAX_CACHE_FILE: u64 = 1 << 20;
+
+/// Records for the attachments in libcni's cache under `cache_dir` that are
+/// not among `own` (the plugin's records win: they are exact), checked
+/// against host-local's records under `ipam_dir`. Unusable entries are
+/// skipped, with the reason, in the second list.
+pub(crate) fn adopted(
+    cache_dir: &Path,
+    ipam_dir: &Path,
+    own: &[Record],
+) -> (Vec<Record>, Vec<(String, String)>) {
+    let own: HashSet<String> = own.iter().map(Record::owner).collect();
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    let Ok(entries) = std::fs::read_dir(cache_dir.join("results")) else {
+        return (out, skipped);
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with('.') {
+            continue;
+        }
+        match adopt(&path, ipam_dir) {
+            Ok(Some(r)) if !own.contains(&r.owner()) => out.push(r),
+            Ok(_) => {}
+            Err(why) => skipped.push((name, why)),
+        }
+    }
+    (out, skipped)
+}
+
+/// One cache entry: `Ok(None)` when it is not an attachment of a pod to a
+/// bridge through a veth (another network, a loopback attachment).
+fn adopt(path: &PathBuf, ipam_dir: &Path) -> Result<Option<Record>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() || meta.len() > MAX_CACHE_FILE {
+        return Err("not a cache file of a usable size".into());
+    }
+    let text = std::fs::read(path).map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&text).map_err(|e| format!("not JSON: {e}"))?;
+    if v["kind"].as_str() != Some("cniCacheV1") {
+        return Err("not a libcni cache entry (kind cniCacheV1)".into());
+    }
+    let field = |k: &str| {
+        v[k].as_str()
+            .filter(|s| !s.is_empty() && s.len() <= 256)
+            .map(str::to_string)
+            .ok_or_else(|| format!("no {k}"))
+    };
+    let (container_id, ifname, network) = (
+        field("containerId")?,
+        field("ifName")?,
+        field("networkName")?,
+    );
+    let result = &v["result"];
+    if !result.is_object() {
+        return Err("no result".into());
+    }
+    let ifaces = result["interfaces"].as_array().cloned().unwrap_or_default();
+    let netns = ifaces
+        .iter()
+        .find(|i| i["name"].as_str() == Some(ifname.as_str()))
+        .and_then(|i| i["sandbox"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    let bridge = ifaces
+        .iter()
+        .filter(|i| i["sandbox"].as_str().is_none_or(str::is_empty))
+        .filter_map(|i| i["name"].as_str())
+        .find(|n| super::record::is_bridge(n))
+        .unwrap_or(DEFAULT_BRIDGE)
+        .to_string();
+    let Ok(r) = Record::from_result(
+        &network,
+        &bridge,
+        container_id,
+        ifname,
+        &netns,
+        result,
+        None,
+    ) else {
+        // No veth on a bridge in this result (macvlan, loopback, a device
+        // gone since): nothing host routing could reach.
+        return Ok(None);
+    };
+    host_local_agrees(ipam_dir, &r)?;
+    Ok(Some(r))
+}
+
+/// Where host-local keeps the network's addresses, each of the record's
+/// addresses must be given to its container.
+fn host_local_agrees(ipam_dir: &Path, r: &Record) -> Result<(), String> {
+    let dir = ipam_dir.join(&r.network);
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    for ip in std::iter::once(r.ip).chain(r.other_ips.iter().copied()) {
+        let holder = std::fs::read_to_string(dir.join(ip_file(ip)))
+            .ok()
+            .and_then(|t| t.lines().next().map(|l| l.trim().to_string()));
+        if holder.as_deref() != Some(r.container_id.as_str()) {
+            return Err(format!(
+                "host-local does not give {ip} to container {}",
+                r.container_id
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// host-local's file name for an address (the address itself).
+fn ip_file(ip: IpAddr) -> String {
+    ip.to_string()
+}
