@@ -24,8 +24,8 @@ fn endpoints(n: &WeftNode) -> Vec<Ipv4Addr> {
         .unwrap()
         .all()
         .unwrap()
-        .into_iter()
-        .filter_map(|(ip, _)| match ip {
+        .into_keys()
+        .filter_map(|ip| match ip {
             std::net::IpAddr::V4(a) => Some(a),
             std::net::IpAddr::V6(_) => None,
         })

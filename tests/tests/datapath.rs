@@ -91,6 +91,22 @@ fn a_100_mb_tcp_stream_arrives_intact_and_udp_arrives() {
     assert_eq!(udp_transfer(&a.ns, a.ip, 5301, &b.ns, 20, 4000), 20);
 }
 
+/// The node itself (its host namespace) to a remote pod, and a remote pod
+/// to the node (at its overlay address, through the tunnel both ways):
+/// checksummed streams arrive whole.
+#[test]
+fn node_to_remote_pod_and_back_arrive_intact() {
+    let c = cluster(2, XdpMode::Auto);
+    let (node1, pod2) = (&c.nodes[0], &c.nodes[1].pods[0]);
+    let (n, intact) = tcp_transfer(&pod2.ns, pod2.ip, 5203, &node1.ns, 50 << 20);
+    assert_eq!(n, 50 << 20, "node -> remote pod");
+    assert!(intact, "node -> remote pod: the checksum matches");
+    let overlay1 = subnet_of(node1.index).network();
+    let (n, intact) = tcp_transfer(&node1.ns, overlay1, 5204, &pod2.ns, 50 << 20);
+    assert_eq!(n, 50 << 20, "remote pod -> node");
+    assert!(intact, "remote pod -> node: the checksum matches");
+}
+
 #[test]
 fn tc_decapsulation_fallback_carries_traffic_too() {
     let c = cluster(2, XdpMode::Off);

@@ -329,10 +329,15 @@ impl Agent {
                         }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
+                    let large = batch.len() >= BATCH_BURST;
                     if let Some(lost) = self.on_lease_events(batch).await?
                         && acquiring.is_none()
                     {
                         *acquiring = Some(self.relocate(&lost.why, lost.to.as_deref()));
+                    }
+                    if large {
+                        // What decoding a burst took is free again.
+                        crate::sys::memory::give_back();
                     }
                     self.report();
                 }

@@ -119,6 +119,8 @@ impl Dataplane {
                         "dataplane up"
                     );
                     *overlay = Some(Box::new(o));
+                    // Loading parsed the kernel's BTF: give that back.
+                    crate::sys::memory::give_back();
                     Ok(())
                 }
             },
@@ -174,6 +176,10 @@ impl Dataplane {
                 );
             }
         }
+        if !self.first_sync_done {
+            // The first sync decoded and programmed every lease at once.
+            crate::sys::memory::give_back();
+        }
         self.first_sync_done = true;
         tracing::debug!(
             revision,
@@ -216,7 +222,7 @@ impl Dataplane {
         match &self.kind {
             Kind::Ebpf {
                 overlay: Some(o), ..
-            } => Some(o.decap().clone()),
+            } => Some(o.decap()),
             _ => None,
         }
     }

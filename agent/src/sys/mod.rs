@@ -5,3 +5,4 @@
 pub(crate) mod ethtool;
 pub(crate) mod fs;
 pub(crate) mod icmp;
+pub(crate) mod memory;

@@ -7,7 +7,8 @@
 //! - Scale: 5000 leases written at once; the time until one agent's map
 //!   holds all of them; that agent's RSS with 5000 peers.
 //!
-//! Goals: p99 < 50 ms, 5000 leases < 1 s, RSS < 20 MiB.
+//! Goals: p99 < 50 ms, 5000 leases < 1 s, RSS < 20 MiB (< 64 MiB with
+//! `--leases 50000`).
 
 use std::{
     net::Ipv4Addr,
@@ -222,8 +223,10 @@ pub async fn run(args: &[String]) -> Result<()> {
     println!(
         "  {n_leases} leases written ({wrote:.2} s to write) -> all {want} peers in one agent's map after {took:.2} s   goal < 1 s"
     );
+    // The goals: 20 MiB at 5,000 peers, 64 MiB at 50,000.
+    let goal = if want > 5_000 { 64 } else { 20 };
     println!(
-        "  agent RSS with {want} peers: {:.1} MiB   goal < 20 MiB",
+        "  agent RSS with {want} peers: {:.1} MiB   goal < {goal} MiB",
         rss_kib / 1024.0
     );
     if let Some(path) = super::flag::<String>(args, "--json") {

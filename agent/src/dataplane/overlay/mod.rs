@@ -50,7 +50,7 @@ use super::{
     netfilter::{self, NetfilterSpec},
     netlink::Netlink,
     teardown::teardown,
-    types::{DataplaneSpec, DecapChoice, Family, HostRouting, Peer, PeerUpdate},
+    types::{DataplaneSpec, DecapChoice, DecapHook, Family, HostRouting, Peer, PeerUpdate},
 };
 use crate::lease::Subnets;
 
@@ -257,9 +257,22 @@ impl Overlay {
         self.table.peers()
     }
 
-    /// Where decapsulation runs, and why.
-    pub(crate) fn decap(&self) -> &DecapChoice {
-        &self.programs.decap
+    /// Where decapsulation runs, and why; with TC, who strips what takes
+    /// the host stack.
+    pub(crate) fn decap(&self) -> DecapChoice {
+        let mut d = self.programs.decap.clone();
+        if d.hook == DecapHook::Tc {
+            match self.devices.kernel_rx() {
+                Some(dev) if self.kernel_rx() => d.why.push_str(&format!(
+                    "; frames for the host stack are decapsulated by the kernel's vxlan device {}",
+                    dev.name
+                )),
+                _ => d.why.push_str(
+                    "; no vxlan device of Weft's holds the port: TC strips every frame (slower on the host stack)",
+                ),
+            }
+        }
+        d
     }
 
     /// Peers not (fully) programmed.

@@ -457,14 +457,49 @@ fn decap_tc() -> Vec<Case> {
             ),
         ),
     ];
-    for (what, frame, reason) in hostile4().into_iter().chain(hostile6()) {
-        out.push(Case {
-            name: format!("decap tc: {what}"),
-            program: prog::DECAP_TC,
-            mode: Mode::Legacy,
-            expect: same(TC_ACT_SHOT, reason, &frame),
-            input: frame,
-        });
+    // With the kernel's vxlan device behind the uplink: what goes into a
+    // pod is stripped here as before, the rest is passed on whole.
+    out.extend([
+        case(
+            "decap tc, kernel receive: straight into the pod",
+            prog::DECAP_TC,
+            Mode::KernelRx,
+            wire(&good),
+            Expect::new(
+                TC_ACT_REDIRECT,
+                Reason::DecapBypass,
+                into_pod(stripped_tc(&good, ENCAP4)),
+            ),
+        ),
+        case(
+            "decap tc, kernel receive, IPv6: straight into the pod",
+            prog::DECAP_TC,
+            Mode::KernelRx,
+            wire(&v6),
+            Expect::new(
+                TC_ACT_REDIRECT,
+                Reason::DecapBypass,
+                into_pod(stripped_tc(&v6, ENCAP6)),
+            ),
+        ),
+        case(
+            "decap tc, kernel receive: no endpoint, passed whole to the vxlan device",
+            prog::DECAP_TC,
+            Mode::KernelRx,
+            wire(&to_other),
+            same(TC_ACT_OK, Reason::Passed, &wire(&to_other)),
+        ),
+    ]);
+    for mode in [Mode::Legacy, Mode::KernelRx] {
+        for (what, frame, reason) in hostile4().into_iter().chain(hostile6()) {
+            out.push(Case {
+                name: format!("decap tc ({mode:?}): {what}"),
+                program: prog::DECAP_TC,
+                mode,
+                expect: same(TC_ACT_SHOT, reason, &frame),
+                input: frame,
+            });
+        }
     }
     out
 }

@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::Result;
 use dataplane_common::{
-    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_READY,
-    CONFIG_F_SOURCE_CHECK, DataplaneConfig, Endpoint, POD_IF_V4, POD_IF_V6, PodIf,
+    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_KERNEL_RX,
+    CONFIG_F_READY, CONFIG_F_SOURCE_CHECK, DataplaneConfig, Endpoint, POD_IF_V4, POD_IF_V6, PodIf,
 };
 
 use crate::{
@@ -83,6 +83,9 @@ pub(super) enum Mode {
     /// `--host-routing auto` on a kernel without the conntrack kfuncs:
     /// nothing bypasses the stack, pods' sources are still checked.
     Checked,
+    /// `--host-routing bpf` with the kernel's vxlan device decapsulating
+    /// what does not go straight into a pod.
+    KernelRx,
 }
 
 /// The config of the fixture's node in `mode`.
@@ -114,6 +117,7 @@ pub(super) fn config(mode: Mode) -> DataplaneConfig {
                 Mode::Bypass => CONFIG_F_BYPASS,
                 Mode::Gated => CONFIG_F_BYPASS | CONFIG_F_CT_GATE,
                 Mode::Checked => CONFIG_F_SOURCE_CHECK,
+                Mode::KernelRx => CONFIG_F_BYPASS | CONFIG_F_KERNEL_RX,
             },
         ..DataplaneConfig::default()
     }
