@@ -224,7 +224,7 @@ pub async fn run(args: &[String]) -> Result<()> {
         "  {n_leases} leases written ({wrote:.2} s to write) -> all {want} peers in one agent's map after {took:.2} s   goal < 1 s"
     );
     // The goals: 20 MiB at 5,000 peers, 64 MiB at 50,000.
-    let goal = if want > 5_000 { 64 } else { 20 };
+    let goal = if want > 10_000 { 64 } else { 20 };
     println!(
         "  agent RSS with {want} peers: {:.1} MiB   goal < {goal} MiB",
         rss_kib / 1024.0
