@@ -373,6 +373,11 @@ impl Devices {
                 Family::V4.overlay_mtu(underlay),
             ));
         }
+        // A receive device of another shape of this node (IPv4-only before,
+        // now with IPv6) would hold the port.
+        if devices.iter().all(|d| d.role != Role::Receive) {
+            nl.delete_link(&receive_device_name(spec.vni)).await?;
+        }
         for d in &mut devices {
             match d.ensure(nl, spec, &subnets).await {
                 Ok(()) => {}
@@ -381,11 +386,6 @@ impl Devices {
                 }
                 Err(e) => return Err(e).with_context(|| format!("creating {}", d.name)),
             }
-        }
-        // A receive device of another shape of this node (IPv4-only before,
-        // now with IPv6) would hold the port.
-        if devices.iter().all(|d| d.role != Role::Receive) {
-            nl.delete_link(&receive_device_name(spec.vni)).await?;
         }
         let flannel_index = nl
             .link(&flannel_device_name(spec.vni))
