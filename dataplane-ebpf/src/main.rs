@@ -54,11 +54,31 @@ fn weft_encap6(ctx: TcContext) -> i32 {
     tc(&ctx, Unconfigured::Drop, encap6::encap6)
 }
 
-/// What the kernel decapsulated itself: TC ingress on the IPv6 overlay
-/// device.
+/// What the kernel decapsulated itself: TC ingress on the vxlan device
+/// that receives (the IPv6 overlay device, or the receive device of a node
+/// without IPv6).
+///
+/// Its drops are traced in brief (the reason, and IPv4 addresses): beside
+/// the tunnel key, the full record of an IPv6 drop takes the program past
+/// the verifier's 512 bytes of stack.
 #[classifier]
 fn weft_tunnel_rx(ctx: TcContext) -> i32 {
-    tc(&ctx, Unconfigured::Drop, encap6::tunnel_rx)
+    let len = ctx.len();
+    let r = match config() {
+        Some(cfg) => encap6::tunnel_rx(&ctx, cfg),
+        None => Err(Dropped::from(Reason::DropError)),
+    };
+    match r {
+        Ok(d) => {
+            count(d.reason, d.bytes);
+            d.action
+        }
+        Err(d) => {
+            count(d.reason, len);
+            trace::dropped_brief(&ctx, &d);
+            TC_ACT_SHOT
+        }
+    }
 }
 
 /// Decapsulation: XDP on the uplink.

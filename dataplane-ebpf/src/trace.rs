@@ -49,3 +49,20 @@ pub(crate) fn dropped<C: Frame>(ctx: &C, d: &Dropped) {
         u32::from_be(d.dst)
     );
 }
+
+/// A drop in brief: the reason, and the addresses of an IPv4 packet (an
+/// IPv6 packet's are not read).
+#[inline(always)]
+pub(crate) fn dropped_brief<C: Frame>(ctx: &C, d: &Dropped) {
+    if d.ip6_at != 0 {
+        warn!(ctx, "dropped ({}): an IPv6 packet", d.reason.name());
+        return;
+    }
+    warn!(
+        ctx,
+        "dropped ({}): {:i} -> {:i}",
+        d.reason.name(),
+        u32::from_be(d.src),
+        u32::from_be(d.dst)
+    );
+}
