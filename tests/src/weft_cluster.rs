@@ -73,6 +73,7 @@ impl WeftCluster {
         for _ in 0..2 {
             n.node.add_pod()?;
         }
+        n.wait_adopted()?;
         Ok(n)
     }
 
@@ -224,6 +225,32 @@ impl WeftNode {
         }
         let state = self.agent.state_dir();
         self.node.use_subnet_weft(self.subnet, 1450, &state);
+    }
+
+    /// With pods attached without Weft's plugin (`WEFT_TEST_CNI=unchained`)
+    /// and host routing on: waits until the agent has adopted them all
+    /// (it reads the runtime's cache each second), as Weft's plugin would
+    /// have registered them at ADD.
+    pub fn wait_adopted(&self) -> Result<()> {
+        if std::env::var("WEFT_TEST_CNI").as_deref() != Ok("unchained")
+            || crate::host_routing() == "legacy"
+        {
+            return Ok(());
+        }
+        let deadline = std::time::Instant::now() + crate::scaled(Duration::from_secs(30));
+        loop {
+            let n = weft::dataplane::EndpointMap::open(self.pins.pins())
+                .and_then(|m| m.all())
+                .map(|a| a.len())
+                .unwrap_or(0);
+            if n >= self.node.pods.len() {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!("{n} of {} pods adopted", self.node.pods.len());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// The IPv4 subnets in this agent's pinned peer map.
