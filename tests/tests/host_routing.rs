@@ -93,7 +93,10 @@ fn the_fast_path_carries_at_least_99_percent_of_a_flow() {
             reverse,
         );
         // Enough packets to judge shares by (a slower guest moves less).
-        let enough = 1e8 / weft_tests::time_scale();
+        // Without the kfuncs no share is judged, only that nothing
+        // bypasses: a tenth will do (an emulated guest's host stack moved
+        // 16 MB in 3 s on a busy day).
+        let enough = (if weft_tests::bypasses() { 1e8 } else { 1e7 }) / weft_tests::time_scale();
         assert!(
             bytes > enough,
             "the flow moved {bytes} bytes, under {enough}"
