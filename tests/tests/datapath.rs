@@ -162,6 +162,9 @@ fn wire_format_is_rfc_7348_as_linux_sends_it() {
     let pcap = std::env::temp_dir()
         .join(weft_tests::unique("weft-wire-"))
         .with_extension("pcap");
+    // Node 1's frames only: a capture that starts mid-ping must not take
+    // the reply for the request.
+    let from_a = nodes[0].ip.to_string();
     let mut dump = underlay
         .ns
         .spawn(
@@ -178,13 +181,21 @@ fn wire_format_is_rfc_7348_as_linux_sends_it() {
                 "dst",
                 "port",
                 "8472",
+                "and",
+                "src",
+                "host",
+                &from_a,
             ],
         )
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    // tcpdump's start is not awaited (under emulation it takes seconds):
+    // the ping repeats until the capture has its frame.
     let (a, b) = (&nodes[0], &nodes[1]);
-    assert!(
-        a.pods[0]
+    let deadline =
+        std::time::Instant::now() + weft_tests::scaled(std::time::Duration::from_secs(10));
+    let mut replied = false;
+    while dump.child_mut().try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        replied |= a.pods[0]
             .ns
             .exec(
                 "ping",
@@ -195,15 +206,12 @@ fn wire_format_is_rfc_7348_as_linux_sends_it() {
                     "2",
                     "-p",
                     "c0ffee",
-                    &b.pods[0].ip.to_string()
-                ]
+                    &b.pods[0].ip.to_string(),
+                ],
             )
-            .is_ok()
-    );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while dump.child_mut().try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+            .is_ok();
     }
+    assert!(replied, "no ping was answered");
     let raw = std::fs::read(&pcap).unwrap();
     let _ = std::fs::remove_file(&pcap);
     let f = first_frame(&raw);
