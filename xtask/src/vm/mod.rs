@@ -89,10 +89,28 @@ pub(crate) fn run(opts: &Options, weft: &Path) -> Result<Report> {
     let tests = match &opts.bench {
         Some(args) => vec![binaries::bench(args)?],
         None => {
-            binaries::check_names(&opts.tests)?;
-            let mut tests = binaries::build(&opts.tests)?;
-            for t in &mut tests {
-                t.args.extend(opts.filter.clone());
+            // `file` or `file:test,test`: a file's tests, or those named.
+            let (files, only): (Vec<String>, Vec<Vec<String>>) = opts
+                .tests
+                .iter()
+                .map(|t| match t.split_once(':') {
+                    Some((f, names)) => (
+                        f.to_string(),
+                        names.split(',').map(str::to_string).collect(),
+                    ),
+                    None => (t.clone(), vec![]),
+                })
+                .unzip();
+            binaries::check_names(&files)?;
+            let mut tests = binaries::build(&files)?;
+            for (t, only) in tests.iter_mut().zip(only) {
+                if only.is_empty() {
+                    t.args.extend(opts.filter.clone());
+                } else {
+                    // libtest runs what matches any filter; exact names.
+                    t.args.extend(only);
+                    t.args.push("--exact".into());
+                }
             }
             tests
         }
@@ -312,9 +330,18 @@ impl Follow {
 /// there, so they stay out of the matrix (`cargo xtask vm-test agent`).
 pub(crate) fn matrix() -> Vec<Options> {
     vec![
+        // What depends on the kernel: its check (which also sees `auto`
+        // warn where conntrack is a module), decapsulation by XDP and TC,
+        // and `auto`'s source check without bypass there. The rest of
+        // host_routing, and dual_stack, run on the host; under emulation
+        // here they took 9.5 and more than 10 minutes.
         Options::new(
             "6.12",
-            &["kernel_support", "datapath", "host_routing", "dual_stack"],
+            &[
+                "kernel_support",
+                "datapath",
+                "host_routing:spoofed_sources_never_leave_the_node_under_auto",
+            ],
         ),
         Options::new("6.1", &["kernel_support"]),
     ]
