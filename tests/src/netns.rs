@@ -61,6 +61,16 @@ impl Netns {
         run("ip", &full)
     }
 
+    /// The index of `iface` in the namespace, if it exists (a device made
+    /// again gets a new one).
+    pub fn ifindex(&self, iface: &str) -> Option<u32> {
+        self.exec("cat", &[&format!("/sys/class/net/{iface}/ifindex")])
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// Adds `addr/prefix_len` to `dev`, usable at once (no duplicate
     /// address detection).
     pub fn add_addr6(&self, dev: &str, addr: std::net::Ipv6Addr, prefix_len: u8) -> Result<()> {

@@ -160,13 +160,7 @@ fn a_dual_stack_cluster_reaches_every_pod_over_both_families() {
     // deletion from netlink), so the device is checked by its index: a new
     // one means it was removed and made again.
     let n0 = &c.nodes[0];
-    let index = |n: &DualNode| {
-        n.node
-            .ns
-            .exec("cat", &["/sys/class/net/weft-v6.1/ifindex"])
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-    };
+    let index = |n: &DualNode| n.node.ns.ifindex("weft-v6.1");
     let before = index(n0).expect("weft-v6.1 exists");
     n0.node.ns.ip(&["link", "del", "weft-v6.1"]).unwrap();
     let started = std::time::Instant::now();

@@ -219,14 +219,7 @@ fn endpoints_follow_pods() {
     let new_ns = new.ns.name().to_string();
     eventually("the new pod's endpoint", T, || {
         let e = endpoints(&c.nodes[1]);
-        let idx: u32 = c.nodes[1]
-            .node
-            .ns
-            .exec("cat", &[&format!("/sys/class/net/{new_if}/ifindex")])
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
+        let idx = c.nodes[1].node.ns.ifindex(&new_if)?;
         (e.get(&ip)?.ifindex == idx).then_some(())
     });
     let new_pod_rx = || {
@@ -314,13 +307,7 @@ fn endpoints_follow_pods() {
 
 /// The ifindex of `iface` in node `n`.
 fn ifindex(n: &WeftNode, iface: &str) -> u32 {
-    n.node
-        .ns
-        .exec("cat", &[&format!("/sys/class/net/{iface}/ifindex")])
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    n.node.ns.ifindex(iface).unwrap()
 }
 
 /// Whether a transmit link is pinned for `veth` on node `n`.

@@ -52,13 +52,7 @@ fn removed_parts_of_the_dataplane_come_back_within_seconds() {
     c.wait_meshed(T);
     c.all_pairs_reach().unwrap();
 
-    let index = |c: &WeftCluster| {
-        c.nodes[0]
-            .node
-            .ns
-            .exec("cat", &["/sys/class/net/weft.1/ifindex"])
-            .map(|s| s.trim().to_string())
-    };
+    let index = |c: &WeftCluster| c.nodes[0].node.ns.ifindex("weft.1");
     let old = index(&c).unwrap();
     recovers(&c, "device", |n| {
         // (A heal already under way may put it back within milliseconds:
