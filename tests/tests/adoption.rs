@@ -86,11 +86,14 @@ fn pods_attached_without_weft_are_adopted_for_the_fast_path() {
                     .is_none(),
             "no pod was registered by Weft's plugin"
         );
-        let status = n.weft(&["status"]).unwrap();
-        assert!(
-            status.contains("adopted: 2 pod attachment(s)"),
-            "weft status says so: {status}"
-        );
+        // The agent reports after it has programmed the endpoints, so the
+        // status line may trail the endpoint map by a moment.
+        let mut last = String::new();
+        let said = weft_tests::agent::poll(t(), || {
+            last = n.weft(&["status"]).unwrap();
+            last.contains("adopted: 2 pod attachment(s)").then_some(())
+        });
+        assert!(said.is_some(), "weft status says so: {last}");
     }
 
     // Their flows take the fast path where the kernel lets host routing
