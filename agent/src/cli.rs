@@ -107,6 +107,13 @@ pub(crate) enum Command {
         #[arg(long)]
         seccomp_dir: Option<PathBuf>,
     },
+    /// Put back the programs an upgrade replaced (pinned as the previous
+    /// generation), atomically in each link, within one map layout
+    /// version; the running agent follows. Run it again to undo it.
+    Rollback {
+        #[command(flatten)]
+        pins: PinArgs,
+    },
     /// Run each eBPF program of this binary on golden frames (encapsulation
     /// to each kind of peer, decapsulation, hostile frames) with maps of its
     /// own, and check verdicts, counters and every byte; non-zero exit when a
@@ -220,6 +227,21 @@ pub(crate) struct StateArgs {
     pub(crate) state_dir: PathBuf,
 }
 
+/// A fault the programs can be loaded with (`--inject-fault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Fault {
+    /// Decapsulation drops what it would have decapsulated.
+    Decap,
+}
+
+impl Fault {
+    pub(crate) fn value(self) -> u32 {
+        match self {
+            Fault::Decap => dataplane_common::FAULT_DECAP,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum DatapathKind {
     /// Control plane only: leases, subnet.env, no packet handling.
@@ -297,6 +319,10 @@ pub(crate) struct AgentArgs {
     /// addresses (for debugging; off costs nothing).
     #[arg(long, env = "WEFT_TRACE_DROPS")]
     pub trace_drops: bool,
+    /// Puts a fault into the programs on purpose, to prove that the
+    /// self-test refuses them (tests of the upgrade gate only).
+    #[arg(long, hide = true, value_enum)]
+    pub inject_fault: Option<Fault>,
     /// Capacity of the peer maps: remote subnets this node can reach.
     /// Leases beyond it are not programmed (and reported).
     #[arg(long, env = "WEFT_MAX_PEERS", default_value_t = dataplane_common::MAX_PEERS,

@@ -84,6 +84,7 @@ pub fn main() -> ExitCode {
             Command::Agent(args) => agent::run(*args).await,
             Command::Leases { etcd, json } => commands::leases(&etcd, json).await,
             Command::Counters { pins } => commands::counters(&pins),
+            Command::Rollback { pins } => commands::rollback(&pins),
             Command::Status { node, json } => commands::status(&node, json).await,
             Command::Teardown { pins, state } => commands::teardown(&pins, &state).await,
             Command::InstallCni { dirs, conflist } => commands::install_cni(

@@ -66,6 +66,13 @@ pub(crate) struct Metrics {
     liberal: OnceLock<Arc<LiberalStats>>,
     /// Another live node claims our public IP.
     public_ip_conflict: AtomicBool,
+    /// This build's programs' self-test: cases passed, failed (None: not
+    /// run yet).
+    selftest: Mutex<Option<(usize, usize)>>,
+    /// This build's programs failed it, the earlier ones still run.
+    upgrade_refused: AtomicBool,
+    /// `weft rollback` put the previous programs back.
+    rolled_back: AtomicBool,
 }
 
 #[derive(Default)]
@@ -150,6 +157,11 @@ impl Metrics {
     }
     pub(crate) fn set_etcd_members(&self, members: Vec<(String, bool)>) {
         *self.etcd_members.lock().expect("metrics lock") = members;
+    }
+    pub(crate) fn set_programs(&self, passed: usize, failed: usize, refused: bool, rolled_back: bool) {
+        *self.selftest.lock().expect("metrics lock") = Some((passed, failed));
+        self.upgrade_refused.store(refused, Relaxed);
+        self.rolled_back.store(rolled_back, Relaxed);
     }
     pub(crate) fn set_direct_peers(&self, n: u64) {
         self.direct_peers.store(n, Relaxed);
@@ -345,6 +357,25 @@ impl Metrics {
             "Peers reached without encapsulation (DirectRouting: on the uplink's own subnet).",
             self.direct_peers.load(Relaxed) as f64,
         );
+        if let Some((passed, failed)) = *self.selftest.lock().expect("metrics lock") {
+            let name = "weft_selftest_cases";
+            let _ = writeln!(
+                o,
+                "# HELP {name} This build's programs on the golden frames, run before any of them is attached, by result.\n# TYPE {name} gauge\n{name}{{result=\"passed\"}} {passed}\n{name}{{result=\"failed\"}} {failed}"
+            );
+            gauge(
+                &mut o,
+                "weft_upgrade_refused",
+                "1 while this build's programs failed their self-test and the programs that ran before this agent still run (see weft status).",
+                if self.upgrade_refused.load(Relaxed) { 1.0 } else { 0.0 },
+            );
+            gauge(
+                &mut o,
+                "weft_programs_rolled_back",
+                "1 once weft rollback put the previous programs back under this agent.",
+                if self.rolled_back.load(Relaxed) { 1.0 } else { 0.0 },
+            );
+        }
         if let Some(c) = self.counters.get() {
             render_counters(&mut o, c);
         }

@@ -52,6 +52,19 @@ pub(crate) struct Report {
     /// with the host's).
     #[serde(default)]
     pub(crate) pid: Option<u32>,
+    /// The programs in use: the self-test of this build's, whether an
+    /// upgrade was refused or rolled back, their ids.
+    #[serde(default)]
+    pub(crate) programs: Option<Programs>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Programs {
+    pub(crate) selftest_cases: usize,
+    pub(crate) selftest_failed: Vec<String>,
+    pub(crate) upgrade_refused: bool,
+    pub(crate) rolled_back: bool,
+    pub(crate) ids: std::collections::BTreeMap<String, u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

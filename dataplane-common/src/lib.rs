@@ -34,6 +34,13 @@ pub const MAX_PEERS: u32 = 65_536;
 /// `drop_foreign_destination` counters and the conntrack requests.
 pub const LAYOUT_VERSION: u32 = 4;
 
+/// Values of the programs' load-time constant `FAULT`: a fault put in on
+/// purpose (the agent's hidden `--inject-fault`), so that tests can prove
+/// an upgrade's self-test refuses programs that are wrong. 0: none.
+pub const FAULT_NONE: u32 = 0;
+/// Decapsulation drops every frame it would have decapsulated.
+pub const FAULT_DECAP: u32 = 1;
+
 /// Map names, as the programs declare them and the agent pins them.
 pub mod map_names {
     pub const PEERS: &str = "WEFT_PEERS";

@@ -98,14 +98,14 @@ fn weft_decap(ctx: XdpContext) -> u32 {
             bytes: len,
         }),
     };
-    finish(&ctx, r, len, xdp_action::XDP_DROP)
+    finish(&ctx, faulty(r), len, xdp_action::XDP_DROP)
 }
 
 /// Decapsulation fallback: TC ingress on the uplink, for when XDP cannot be
 /// attached (`--xdp-mode off`).
 #[classifier]
 fn weft_decap_tc(ctx: TcContext) -> i32 {
-    tc(&ctx, Unconfigured::Pass, strip::tc)
+    tc(&ctx, Unconfigured::Pass, |c, cfg| faulty(strip::tc(c, cfg)))
 }
 
 /// Host routing, transmit: TC ingress on the host side of each pod's veth.
@@ -136,6 +136,26 @@ fn weft_deliver(ctx: TcContext) -> i32 {
             action
         }
         None => TC_ACT_OK,
+    }
+}
+
+/// A fault put in on purpose at load time (`dataplane_common::FAULT_*`,
+/// set by the agent's hidden `--inject-fault`): a constant of the loaded
+/// object, so without it the verifier removes the check.
+#[unsafe(no_mangle)]
+static FAULT: u32 = dataplane_common::FAULT_NONE;
+
+/// Decapsulation's outcome, or a drop where `FAULT_DECAP` is set and it
+/// would have decapsulated.
+#[inline(always)]
+fn faulty<A>(r: Result<Done<A>, Dropped>) -> Result<Done<A>, Dropped> {
+    // SAFETY: a read of a static the loader may have set.
+    let fault = unsafe { core::ptr::read_volatile(&FAULT) };
+    match r {
+        Ok(d) if fault == dataplane_common::FAULT_DECAP && d.reason != Reason::Passed => {
+            Err(Dropped::from(Reason::DropError))
+        }
+        r => r,
     }
 }
 

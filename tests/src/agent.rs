@@ -309,6 +309,11 @@ impl Agent {
         Ok(())
     }
 
+    /// The arguments the agent is (re)started with.
+    pub fn args_mut(&mut self) -> &mut Vec<String> {
+        &mut self.args
+    }
+
     /// Starts the same agent again (same arguments, same files).
     pub fn restart(&mut self) -> Result<()> {
         self.kill();

@@ -47,6 +47,7 @@ pub fn spec(node: &Node, subnet: Ipv4Net, pins: &TestPins, mode: XdpMode) -> Set
             pins: pins.pins().clone(),
             trace_drops: false,
             max_peers: dataplane_common::MAX_PEERS,
+            fault: dataplane_common::FAULT_NONE,
             host_routing: match crate::host_routing() {
                 "legacy" => weft::dataplane::HostRouting::Legacy,
                 "bpf" => weft::dataplane::HostRouting::Bpf,

@@ -363,7 +363,7 @@ impl WeftNode {
         let mut full: Vec<&str> = args.to_vec();
         if matches!(
             args.first(),
-            Some(&"status") | Some(&"teardown") | Some(&"counters")
+            Some(&"status") | Some(&"teardown") | Some(&"counters") | Some(&"rollback")
         ) {
             full.extend(["--bpffs-dir", &pins]);
         }

@@ -102,6 +102,7 @@ fn xdp_and_tc_programs_count_what_was_sent() {
     let attached = node
         .run(move || -> anyhow::Result<_> {
             let mut loaded = Loaded::load(&p, &LoadOptions::default())?;
+            loaded.install()?;
             let xdp = loaded.attach_xdp(
                 program_names::DECAP_XDP,
                 "eth0",
@@ -171,6 +172,7 @@ fn xdp_and_tc_programs_count_what_was_sent() {
     let again = node
         .run(move || -> anyhow::Result<_> {
             let mut loaded = Loaded::load(&p, &LoadOptions::default())?;
+            loaded.install()?;
             let xdp = loaded.attach_xdp(program_names::DECAP_XDP, "eth0", &[XdpMode::Native])?;
             let tc = loaded.attach_tc(program_names::ENCAP, "eth0", Hook::TcEgress)?;
             Ok((xdp.adopted, tc.adopted))

@@ -535,7 +535,23 @@ impl Agent {
             .set_direct_peers(self.dataplane.direct_peers().len() as u64);
         let ready = self.ready();
         self.metrics.set_ready(ready);
+        let programs = self.dataplane.programs();
+        if let Some(p) = &programs {
+            self.metrics.set_programs(
+                p.selftest_cases - p.selftest_failed.len().min(p.selftest_cases),
+                p.selftest_failed.len(),
+                p.upgrade_refused,
+                p.rolled_back,
+            );
+        }
         self.reporter.write(Report {
+            programs: programs.map(|p| report::Programs {
+                selftest_cases: p.selftest_cases,
+                selftest_failed: p.selftest_failed,
+                upgrade_refused: p.upgrade_refused,
+                rolled_back: p.rolled_back,
+                ids: p.ids,
+            }),
             subnet: self.subnet.map(|s| s.to_string()),
             ready,
             old_subnet: self.old_subnet.map(|(s, n)| report::OldSubnet {

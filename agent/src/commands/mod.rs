@@ -1,11 +1,12 @@
 //! The operator commands: `weft leases`, `status`, `counters`, `teardown`,
-//! `install-cni`, `uninstall-cni`, `doctor`, `node-init`, `selftest`.
+//! `install-cni`, `uninstall-cni`, `doctor`, `node-init`, `selftest`, `rollback`.
 
 mod counters;
 mod doctor;
 mod install_cni;
 mod leases;
 mod node_init;
+mod rollback;
 mod selftest;
 mod status;
 mod teardown;
@@ -15,6 +16,7 @@ pub(crate) use doctor::{DoctorArgs, doctor};
 pub(crate) use install_cni::{install_cni, uninstall_cni};
 pub(crate) use leases::leases;
 pub(crate) use node_init::node_init;
+pub(crate) use rollback::rollback;
 pub(crate) use selftest::selftest;
 pub(crate) use status::status;
 pub(crate) use teardown::teardown;

@@ -161,6 +161,9 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
         if let Some(m) = r.mtu {
             println!("  overlay MTU: {m}");
         }
+        if let Some(p) = &r.programs {
+            print_programs(p);
+        }
     }
     println!("\nPeers ({} of {capacity})", peers.len());
     println!("  {:<18} {:<16} {:<18} PATH", "SUBNET", "VTEP", "MAC");
@@ -253,4 +256,33 @@ async fn lease_ttl(o: &EtcdOptions, key: &str) -> Result<String> {
         Some(ttl) => format!("{key}, TTL {ttl}s"),
         None => format!("{key}, its etcd lease has expired"),
     })
+}
+
+/// The self-test of the agent's build and what followed from it.
+fn print_programs(p: &crate::report::Programs) {
+    let ids = p
+        .ids
+        .iter()
+        .map(|(n, id)| format!("{n}={id}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if p.selftest_failed.is_empty() {
+        println!(
+            "  programs: self-test passed ({} cases) before they were attached",
+            p.selftest_cases
+        );
+    } else {
+        println!(
+            "  programs: UPGRADE REFUSED: this build's programs failed {} of {} self-test cases; the programs that ran before still run",
+            p.selftest_failed.len(),
+            p.selftest_cases
+        );
+        for f in p.selftest_failed.iter().take(5) {
+            println!("    failed: {}", super::shown(f));
+        }
+    }
+    if p.rolled_back {
+        println!("  programs: rolled back (weft rollback) to the previous generation");
+    }
+    println!("  program ids: {ids}");
 }

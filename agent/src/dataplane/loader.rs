@@ -28,6 +28,7 @@ use dataplane_common::map_names;
 
 use super::{
     bpffs::PinDir,
+    generations::{self, Generation},
     kfuncs::{self, KernelBtf},
     netlink::Netlink,
     types::XdpMode,
@@ -107,6 +108,9 @@ pub struct LoadOptions {
     pub trace_drops: bool,
     /// Capacity of the peer maps.
     pub max_peers: u32,
+    /// A fault put into the programs on purpose (`dataplane_common::FAULT_*`;
+    /// the agent's hidden `--inject-fault`, for tests of the upgrade gate).
+    pub fault: u32,
 }
 
 impl Default for LoadOptions {
@@ -114,6 +118,7 @@ impl Default for LoadOptions {
         Self {
             trace_drops: false,
             max_peers: dataplane_common::MAX_PEERS,
+            fault: dataplane_common::FAULT_NONE,
         }
     }
 }
@@ -130,6 +135,10 @@ pub(crate) struct Replaced {
 /// The loaded object: programs ready to attach, maps pinned.
 pub struct Loaded {
     ebpf: Ebpf,
+    /// The programs attaches use: the current generation's pins (see
+    /// [`generations`]), after [`Loaded::install`] or
+    /// [`Loaded::keep_running`].
+    active: Generation,
     pins: PinDir,
     replaced: Vec<Replaced>,
     trace_drops: bool,
@@ -169,6 +178,7 @@ impl Loaded {
             .override_global("NF_CONN_TCP_STATE_OFF", &o.tcp_state, true)
             .override_global("NF_CONN_TCP_FLAGS0_OFF", &o.tcp_flags[0], true)
             .override_global("NF_CONN_TCP_FLAGS1_OFF", &o.tcp_flags[1], true)
+            .override_global("FAULT", &opts.fault, true)
             .map_max_entries(map_names::PEERS, opts.max_peers)
             .map_max_entries(map_names::VTEPS, opts.max_peers)
             .map_max_entries(map_names::PEERS6, opts.max_peers)
@@ -178,10 +188,52 @@ impl Loaded {
             .context("loading the eBPF object (maps and programs)")?;
         Ok(Self {
             ebpf,
+            active: Generation::new(),
             pins: pins.clone(),
             replaced,
             trace_drops: opts.trace_drops,
             conntrack: btf.is_some(),
+        })
+    }
+
+    /// Makes this load's programs the current generation (pinned; the one
+    /// before becomes the previous generation) and the ones attaches use.
+    /// Nothing attached changes until they are attached.
+    pub fn install(&mut self) -> Result<()> {
+        generations::install(&self.pins, &mut self.ebpf)?;
+        self.active = generations::open(&self.pins)?;
+        Ok(())
+    }
+
+    /// Attaches use the programs running now instead of this load's (an
+    /// upgrade whose programs failed their self-test).
+    pub(crate) fn keep_running(&mut self) -> Result<()> {
+        self.active = generations::running(&self.pins)?;
+        Ok(())
+    }
+
+    /// Follows the current generation's pins where they changed under us
+    /// (`weft rollback`); returns whether they had.
+    pub(crate) fn follow_pins(&mut self) -> Result<bool> {
+        let pinned = generations::current_ids(&self.pins)?;
+        if pinned.is_empty() || pinned == generations::ids(&self.active) {
+            return Ok(false);
+        }
+        self.active = generations::open(&self.pins)?;
+        Ok(true)
+    }
+
+    /// The ids of the programs attaches use, by name.
+    pub(crate) fn active_ids(&self) -> std::collections::HashMap<String, u32> {
+        generations::ids(&self.active)
+    }
+
+    fn active_mut(&mut self, program: &str) -> Result<&mut Program> {
+        self.active.get_mut(program).ok_or_else(|| {
+            anyhow!(
+                "program {program} is not among the installed programs ({})",
+                self.pins.root().display()
+            )
         })
     }
 
@@ -200,9 +252,9 @@ impl Loaded {
     /// says (a device deleted, or a link unpinned or detached, detaches it).
     pub(crate) fn is_attached(&self, a: &Attachment) -> Result<bool> {
         let id = self
-            .ebpf
-            .program(a.program)
-            .ok_or_else(|| anyhow!("the eBPF object has no program {}", a.program))?
+            .active
+            .get(a.program)
+            .ok_or_else(|| anyhow!("program {} is not among the installed programs", a.program))?
             .info()
             .with_context(|| format!("reading the id of program {}", a.program))?
             .id();
@@ -271,15 +323,7 @@ impl Loaded {
     ) -> Result<Attachment> {
         let ifindex = ifindex(iface)?;
         let pin = self.link_pin(Hook::Xdp, iface, ifindex);
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(program)
-            .ok_or_else(|| anyhow!("the eBPF object has no program {program}"))?
-            .try_into()?;
-        if prog.fd().is_err() {
-            prog.load()
-                .with_context(|| format!("loading XDP program {program}"))?;
-        }
+        let prog: &mut Xdp = self.active_mut(program)?.try_into()?;
         if let Some(old) = open_pinned_link(&pin)? {
             let swapped = XdpLink::try_from(old)
                 .map_err(anyhow::Error::from)
@@ -343,15 +387,7 @@ impl Loaded {
         };
         let ifindex = ifindex(iface)?;
         let pin = self.link_pin(hook, iface, ifindex);
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(program)
-            .ok_or_else(|| anyhow!("the eBPF object has no program {program}"))?
-            .try_into()?;
-        if prog.fd().is_err() {
-            prog.load()
-                .with_context(|| format!("loading TC program {program}"))?;
-        }
+        let prog: &mut SchedClassifier = self.active_mut(program)?.try_into()?;
         let attachment = |adopted| Attachment {
             program,
             iface: iface.to_string(),
@@ -418,30 +454,10 @@ fn check_pins(pins: &PinDir, opts: &LoadOptions) -> Result<Vec<Replaced>> {
         if def.pinning() != PinningType::ByName {
             continue;
         }
-        let max_entries = match name.as_str() {
-            map_names::PEERS | map_names::VTEPS | map_names::PEERS6 | map_names::VTEPS6 => {
-                opts.max_peers
-            }
-            _ => def.max_entries(),
-        };
-        let want = (
-            def.map_type(),
-            def.key_size(),
-            def.value_size(),
-            max_entries,
-            def.map_flags(),
-        );
+        let want = wanted_layout(name, def, opts);
         let path = pins.map(name);
         if path.exists() {
-            let info = MapInfo::from_pin(&path)
-                .with_context(|| format!("reading the pinned map {}", path.display()))?;
-            let have = (
-                info.map_type().map_or(u32::MAX, |t| t as u32),
-                info.key_size(),
-                info.value_size(),
-                info.max_entries(),
-                info.map_flags(),
-            );
+            let have = pinned_layout(&path)?;
             if have == want {
                 continue;
             }
@@ -477,6 +493,57 @@ fn check_pins(pins: &PinDir, opts: &LoadOptions) -> Result<Vec<Replaced>> {
         }
     }
     Ok(replaced)
+}
+
+/// (type, key size, value size, capacity, flags) of a map.
+type Layout = (u32, u32, u32, u32, u32);
+
+fn wanted_layout(name: &str, def: &aya_obj::maps::Map, opts: &LoadOptions) -> Layout {
+    let max_entries = match name {
+        map_names::PEERS | map_names::VTEPS | map_names::PEERS6 | map_names::VTEPS6 => {
+            opts.max_peers
+        }
+        _ => def.max_entries(),
+    };
+    (
+        def.map_type(),
+        def.key_size(),
+        def.value_size(),
+        max_entries,
+        def.map_flags(),
+    )
+}
+
+fn pinned_layout(path: &Path) -> Result<Layout> {
+    let info = MapInfo::from_pin(path)
+        .with_context(|| format!("reading the pinned map {}", path.display()))?;
+    Ok((
+        info.map_type().map_or(u32::MAX, |t| t as u32),
+        info.key_size(),
+        info.value_size(),
+        info.max_entries(),
+        info.map_flags(),
+    ))
+}
+
+/// Whether this object, loaded with `opts`, would reuse every pinned map
+/// as it is (no map of another layout, no pins of another layout version):
+/// then the programs running now and this load's share their maps.
+pub(crate) fn maps_fit(pins: &PinDir, opts: &LoadOptions) -> Result<bool> {
+    if !pins.other_map_versions().is_empty() {
+        return Ok(false);
+    }
+    let object = aya_obj::Object::parse(OBJECT).context("parsing the eBPF object")?;
+    for (name, def) in &object.maps {
+        let path = pins.map(name);
+        if def.pinning() == PinningType::ByName
+            && path.exists()
+            && pinned_layout(&path)? != wanted_layout(name, def, opts)
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Removes the map pins of other layout versions (once this version's

@@ -13,6 +13,7 @@ mod btf;
 mod conntrack;
 mod endpoints;
 mod events;
+mod generations;
 mod host;
 mod kernel;
 mod kfuncs;
@@ -42,7 +43,7 @@ pub(crate) use endpoints::pod_ifs;
 pub use endpoints::{EndpointSpec, EndpointSync};
 pub use loader::{Attachment, Hook, LoadOptions, Loaded, detach, ifindex};
 pub use maps::{Counters, EndpointMap, PeerMaps};
-pub(crate) use overlay::{Healed, Overlay, device_name, device6_name};
+pub(crate) use overlay::{Healed, Overlay, ProgramsState, device_name, device6_name};
 pub use types::{DataplaneSpec, HostRouting, Peer, PeerUpdate, XdpMode};
 pub(crate) use types::{DecapChoice, DecapHook, Family};
 
@@ -54,6 +55,13 @@ pub(crate) use netlink::{Link, Netlink};
 pub use overlay::{Problem, ProblemKind};
 pub(crate) use sysctl::{read as read_sysctl, read_iface as read_iface_sysctl};
 pub(crate) use teardown::teardown;
+pub use generations::Swapped;
+
+/// Puts back the previous generation of programs (see
+/// [`generations::rollback`]).
+pub fn rollback(pins: &PinDir) -> Result<Vec<Swapped>> {
+    generations::rollback(pins)
+}
 
 use crate::lease::Subnets;
 
@@ -214,6 +222,17 @@ impl Dataplane {
                 overlay: Some(o), ..
             } => o.attachments(),
             _ => &[],
+        }
+    }
+
+    /// The programs in use and how they came to be (once the eBPF
+    /// dataplane is up).
+    pub(crate) fn programs(&self) -> Option<ProgramsState> {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => Some(o.generation()),
+            _ => None,
         }
     }
 

@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 
 use super::{
     bpffs::PinDir,
-    host,
+    generations, host,
     loader::{self, off_runtime},
     netfilter,
     netlink::Netlink,
@@ -57,6 +57,9 @@ pub(crate) async fn teardown(pins: &PinDir, vni: u32, state_dir: &Path) -> Resul
         let _ = std::fs::remove_dir(&maps_dir);
     }
     let _ = std::fs::remove_dir(pins.links());
+    if generations::remove_all(pins).is_ok() {
+        // (The programs themselves go with their last reference.)
+    }
     removed.extend(netfilter::remove()?);
     removed.extend(host::restore(state_dir)?);
     PinDir::unannounce(state_dir);

@@ -182,6 +182,9 @@ pub struct DataplaneSpec {
     pub trace_drops: bool,
     /// Capacity of the peer maps.
     pub max_peers: u32,
+    /// A fault put into the programs on purpose (`--inject-fault`, for
+    /// tests of the upgrade's self-test); `FAULT_NONE` otherwise.
+    pub fault: u32,
     pub host_routing: HostRouting,
     /// Where host settings changed by Weft are recorded, to be restored by
     /// `weft teardown` (a tmpfs: `/run/weft`).

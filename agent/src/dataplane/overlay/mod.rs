@@ -71,6 +71,21 @@ pub(crate) struct Overlay {
     liberal: Arc<conntrack::LiberalStats>,
 }
 
+/// The programs in use and how they came to be (see [`Overlay::generation`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ProgramsState {
+    /// Self-test cases this build's programs were run through.
+    pub selftest_cases: usize,
+    /// The cases they failed (`program: case: why`).
+    pub selftest_failed: Vec<String>,
+    /// They failed, and the programs that ran before this agent still run.
+    pub upgrade_refused: bool,
+    /// `weft rollback` put the previous generation back since.
+    pub rolled_back: bool,
+    /// The programs attaches use, by name: their kernel ids.
+    pub ids: std::collections::BTreeMap<String, u32>,
+}
+
 /// What one pass of [`Overlay::heal`] did.
 #[derive(Debug, Default)]
 pub(crate) struct Healed {
@@ -141,7 +156,7 @@ impl Overlay {
         // layout), fill the maps, and only then swap the programs in, so an
         // upgrade that replaces maps never runs programs on empty ones.
         let adopting = spec.pins.has_links();
-        let (programs, replaced) = Programs::load(&spec)?;
+        let (programs, replaced) = Programs::load(&spec, adopting)?;
         spec.pins.announce(&spec.state_dir)?;
         let mut maps = PeerMaps::open(&spec.pins)?;
         programs::carry_over(&mut maps, replaced);
@@ -247,6 +262,18 @@ impl Overlay {
     /// What the marking of fast-path flows as liberal did.
     pub(crate) fn liberal(&self) -> Arc<conntrack::LiberalStats> {
         self.liberal.clone()
+    }
+
+    /// What the self-test said of this build's programs, whether the
+    /// earlier ones were kept or rolled back to, and the ids in use.
+    pub(crate) fn generation(&self) -> ProgramsState {
+        ProgramsState {
+            selftest_cases: self.programs.gate.cases,
+            selftest_failed: self.programs.gate.failed.clone(),
+            upgrade_refused: self.programs.gate.kept_running,
+            rolled_back: self.programs.rolled_back,
+            ids: self.programs.loaded.active_ids().into_iter().collect(),
+        }
     }
 
     pub(crate) fn attachments(&self) -> &[Attachment] {

@@ -2,7 +2,7 @@
 //! carrying peers over from maps an upgrade replaced, the config they read,
 //! where each is attached and where decapsulation runs.
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use dataplane_common::{
     CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_KERNEL_RX,
     CONFIG_F_READY, CONFIG_F_SOURCE_CHECK, DataplaneConfig, map_names, program_names,
@@ -14,7 +14,7 @@ use super::super::{
     loader::{self, Attachment, Hook, LoadOptions, Loaded, Replaced, off_runtime},
     maps::PeerMaps,
     netlink::Link,
-    trace,
+    selftest, trace,
     types::{DataplaneSpec, DecapChoice, DecapHook, Family, HostRouting, XdpMode},
 };
 use super::devices::{DevicePrograms, Devices};
@@ -28,18 +28,118 @@ pub(crate) struct Programs {
     pub(crate) decap: DecapChoice,
     /// Forwards the programs' drop trace to the log (`--trace-drops`).
     trace: Option<trace::DropTrace>,
+    /// What the self-test said of this build's programs.
+    pub(crate) gate: Gate,
+    /// The previous generation was put back (`weft rollback`).
+    pub(crate) rolled_back: bool,
+}
+
+/// The self-test of this build's programs, run before any of them is
+/// attached, and what followed from it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Gate {
+    /// Cases run.
+    pub(crate) cases: usize,
+    /// The cases that failed (`program: case: why`), or why the self-test
+    /// could not run; empty: every case passed.
+    pub(crate) failed: Vec<String>,
+    /// The programs running before this agent started were kept in the
+    /// links (this build's failed).
+    pub(crate) kept_running: bool,
+}
+
+/// Runs this build's programs, loaded as `spec` asks, on the golden frames
+/// (see [`selftest`]) in a private instance of their own.
+fn self_test(spec: &DataplaneSpec, opts: &LoadOptions) -> Gate {
+    let root = spec.pins.root().to_path_buf();
+    let opts = *opts;
+    let started = std::time::Instant::now();
+    let r = spec
+        .pins
+        .ensure()
+        .and_then(|()| off_runtime(move || selftest::run(&root, &opts)));
+    let gate = match r {
+        Ok(outcomes) => Gate {
+            cases: outcomes.len(),
+            failed: outcomes
+                .iter()
+                .filter_map(|o| {
+                    o.failure
+                        .as_ref()
+                        .map(|why| format!("{}: {}: {why}", o.program, o.name))
+                })
+                .collect(),
+            kept_running: false,
+        },
+        Err(e) => Gate {
+            cases: 0,
+            failed: vec![format!("the self-test could not run: {e:#}")],
+            kept_running: false,
+        },
+    };
+    tracing::info!(
+        cases = gate.cases,
+        failed = gate.failed.len(),
+        took = ?started.elapsed(),
+        "self-test of this build's programs"
+    );
+    gate
 }
 
 impl Programs {
-    /// Loads the programs, reusing pinned maps of the right layout; returns
-    /// the pinned maps this load replaced.
-    pub(super) fn load(spec: &DataplaneSpec) -> Result<(Self, Vec<Replaced>)> {
+    /// Runs this build's programs through the self-test, then loads them,
+    /// reusing pinned maps of the right layout; returns the pinned maps
+    /// this load replaced. Programs that pass become the installed
+    /// generation (attached by [`Programs::attach`]). Programs that fail
+    /// are never attached: on a node without a dataplane that is an error;
+    /// where programs run already, they keep running if their maps fit
+    /// this build (then the agent goes on with them and reports the
+    /// refusal), else the agent stands down with an error and leaves
+    /// programs and maps as they are.
+    pub(super) fn load(spec: &DataplaneSpec, adopting: bool) -> Result<(Self, Vec<Replaced>)> {
         let opts = LoadOptions {
             trace_drops: spec.trace_drops,
             max_peers: spec.max_peers,
+            fault: spec.fault,
         };
+        let mut gate = self_test(spec, &opts);
+        if !gate.failed.is_empty() {
+            for f in &gate.failed {
+                tracing::error!(case = %f, "this build's programs failed a self-test case");
+            }
+            let first = &gate.failed[0];
+            if !adopting {
+                bail!(
+                    "this build's programs failed {} of {} self-test cases (first: {first}): nothing was attached",
+                    gate.failed.len(),
+                    gate.cases
+                );
+            }
+            if !loader::maps_fit(&spec.pins, &opts)? {
+                bail!(
+                    "this build's programs failed {} of {} self-test cases (first: {first}) and need another map layout: the running programs keep their maps, and this agent stands down",
+                    gate.failed.len(),
+                    gate.cases
+                );
+            }
+            tracing::error!(
+                failed = gate.failed.len(),
+                cases = gate.cases,
+                "upgrade refused: the programs running before keep running"
+            );
+            gate.kept_running = true;
+        }
         let pins = spec.pins.clone();
-        let mut loaded = off_runtime(move || Loaded::load(&pins, &opts))?;
+        let keep = gate.kept_running;
+        let mut loaded = off_runtime(move || -> Result<Loaded> {
+            let mut l = Loaded::load(&pins, &opts)?;
+            if keep {
+                l.keep_running()?;
+            } else {
+                l.install()?;
+            }
+            Ok(l)
+        })?;
         let replaced = loaded.take_replaced();
         Ok((
             Self {
@@ -50,6 +150,8 @@ impl Programs {
                     why: String::new(),
                 },
                 trace: None,
+                gate,
+                rolled_back: false,
             },
             replaced,
         ))
@@ -107,6 +209,12 @@ impl Programs {
         devices: &Devices,
         recreated: bool,
     ) -> Result<bool> {
+        // `weft rollback` swapped the generations: attach from the new
+        // current one from now on.
+        if self.loaded.follow_pins()? {
+            tracing::warn!(programs = ?self.loaded.active_ids(), "the programs were rolled back: following the pinned generation");
+            self.rolled_back = true;
+        }
         let device_programs: usize = devices.existing().map(|d| d.programs().len()).sum();
         let on_devices = self
             .attachments

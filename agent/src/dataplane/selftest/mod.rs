@@ -33,11 +33,17 @@ pub(crate) struct Outcome {
     pub failure: Option<String>,
 }
 
-/// Runs every golden case with the programs of this binary, in a private
-/// pin directory under `bpffs` (a mounted bpf filesystem), removed after.
-pub(crate) fn run(bpffs: &Path) -> Result<Vec<Outcome>> {
+/// Runs every golden case with the programs of this binary, loaded with
+/// `opts` (as the agent loads them), in a private pin directory under
+/// `bpffs` (a mounted bpf filesystem), removed after.
+pub(crate) fn run(bpffs: &Path, opts: &LoadOptions) -> Result<Vec<Outcome>> {
     let dir = Private::create(bpffs)?;
-    let mut loaded = Loaded::load(&dir.pins, &LoadOptions::default())
+    // The maps are the self-test's own: the default capacity will do.
+    let opts = LoadOptions {
+        max_peers: dataplane_common::MAX_PEERS.min(opts.max_peers),
+        ..*opts
+    };
+    let mut loaded = Loaded::load(&dir.pins, &opts)
         .context("loading the programs for the self-test")?;
     let mut maps = PeerMaps::open(&dir.pins)?;
     let mut endpoints = EndpointMap::open(&dir.pins)?;

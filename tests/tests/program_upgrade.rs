@@ -1,0 +1,178 @@
+//! Upgrades of the programs that test themselves: an agent whose programs
+//! fail the self-test leaves the running ones in the links; one whose
+//! programs pass swaps them in; `weft rollback` puts the previous ones
+//! back. Under a 100 pps ping and a paced UDP stream between pods on two
+//! nodes, nothing is lost at any step.
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use weft_tests::{
+    agent::eventually,
+    cluster::Node,
+    pins::TestPins,
+    proc::run,
+    traffic::{ping_outcome, ping_run, udp_stream},
+    weft_cluster::{WeftCluster, WeftNode},
+};
+
+const T: Duration = Duration::from_secs(30);
+
+/// The program id in each of a node's pinned links, by link pin name.
+fn link_programs(n: &WeftNode) -> BTreeMap<String, u64> {
+    let dir = n.pins.path().join("links");
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        out.insert(
+            path.file_name().unwrap().to_string_lossy().into_owned(),
+            prog_id(&path),
+        );
+    }
+    assert!(!out.is_empty(), "no pinned links in {}", dir.display());
+    out
+}
+
+fn prog_id(link: &Path) -> u64 {
+    let out = run(
+        "bpftool",
+        &["-j", "link", "show", "pinned", link.to_str().unwrap()],
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["prog_id"].as_u64().unwrap()
+}
+
+/// Pod-to-pod traffic for one step: a 100 pps ping from node 1's pod to
+/// node 2's, and a UDP stream of 50 datagrams a second the other way.
+struct Traffic {
+    ping: std::process::Child,
+    udp: std::thread::JoinHandle<(u32, u32)>,
+}
+
+impl Traffic {
+    fn start(c: &WeftCluster, port: u16) -> Self {
+        let (a, b) = (&c.nodes[0].node.pods[0], &c.nodes[1].node.pods[0]);
+        let ping = ping_run(&a.ns, b.ip, 800);
+        let udp = udp_stream(&a.ns, a.ip, port, &b.ns, 400, Duration::from_millis(20));
+        Self { ping, udp }
+    }
+
+    /// Waits for both to end; fails if anything was lost.
+    fn none_lost(self, step: &str) {
+        let (sent, got) = ping_outcome(self.ping);
+        assert_eq!((sent, got), (800, 800), "{step}: pings sent, answered");
+        let (sent, got) = self.udp.join().unwrap();
+        assert_eq!((sent, got), (400, 400), "{step}: datagrams sent, received");
+    }
+}
+
+fn restart(c: &mut WeftCluster, fault: bool) {
+    for n in c.nodes.iter_mut() {
+        let args = n.agent.args_mut();
+        args.retain(|a| a != "--inject-fault" && a != "decap");
+        if fault {
+            args.extend(["--inject-fault".to_string(), "decap".to_string()]);
+        }
+        n.agent.restart().unwrap();
+    }
+    for n in &c.nodes {
+        n.wait_dataplane_up(T);
+    }
+}
+
+#[test]
+fn a_faulty_upgrade_is_refused_a_good_one_swapped_and_rolled_back_without_loss() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    c.wait_meshed(T);
+    let first: Vec<_> = c.nodes.iter().map(link_programs).collect();
+
+    // Programs whose decapsulation drops what it should decapsulate: the
+    // self-test catches it, the programs running keep running.
+    let traffic = Traffic::start(&c, 7001);
+    std::thread::sleep(Duration::from_millis(500));
+    restart(&mut c, true);
+    for (n, ids) in c.nodes.iter().zip(&first) {
+        n.wait_metric("weft_upgrade_refused", |v| v == 1.0, T);
+        assert!(
+            n.metric("weft_selftest_cases{result=\"failed\"}") > 0.0,
+            "the failed cases are counted"
+        );
+        assert_eq!(&link_programs(n), ids, "the old programs are still attached");
+        let status = n.weft(&["status"]).unwrap();
+        assert!(
+            status.contains("UPGRADE REFUSED") && status.contains("failed: weft_decap"),
+            "{status}"
+        );
+        assert!(n.agent.log().contains("upgrade refused"), "the log says so");
+    }
+    traffic.none_lost("a refused upgrade");
+
+    // Correct programs: self-tested, swapped into every link.
+    let traffic = Traffic::start(&c, 7002);
+    std::thread::sleep(Duration::from_millis(500));
+    restart(&mut c, false);
+    let mut second = Vec::new();
+    for (n, ids) in c.nodes.iter().zip(&first) {
+        n.wait_metric("weft_upgrade_refused", |v| v == 0.0, T);
+        assert_eq!(n.metric("weft_selftest_cases{result=\"failed\"}"), 0.0);
+        let now = link_programs(n);
+        for (link, id) in ids {
+            assert_ne!(now.get(link), Some(id), "{link}: the new program is in");
+        }
+        second.push(now);
+    }
+    traffic.none_lost("an upgrade");
+
+    // Rollback: the previous programs back in every link; the agent
+    // follows instead of attaching its own again.
+    let traffic = Traffic::start(&c, 7003);
+    std::thread::sleep(Duration::from_millis(500));
+    for n in &c.nodes {
+        let out = n.weft(&["rollback"]).unwrap();
+        assert!(out.contains("rolled back"), "{out}");
+    }
+    for (n, ids) in c.nodes.iter().zip(&first) {
+        assert_eq!(&link_programs(n), ids, "the previous programs are back");
+        n.wait_metric("weft_programs_rolled_back", |v| v == 1.0, T);
+    }
+    std::thread::sleep(weft_tests::scaled(Duration::from_secs(3)));
+    for (n, ids) in c.nodes.iter().zip(&first) {
+        assert_eq!(&link_programs(n), ids, "the agent keeps the rollback");
+    }
+    traffic.none_lost("a rollback");
+
+    // Rolling back again undoes the rollback.
+    for (n, ids) in c.nodes.iter().zip(&second) {
+        n.weft(&["rollback"]).unwrap();
+        assert_eq!(&link_programs(n), ids, "rolled forward again");
+    }
+    assert!(c.all_pairs_reach().is_ok());
+}
+
+/// On a node without a dataplane, programs that fail the self-test are
+/// never attached: the agent says why and leaves nothing behind.
+#[test]
+fn programs_that_fail_the_self_test_are_never_attached() {
+    let c = WeftCluster::new(0, &[]).unwrap();
+    let node = Node::new(&c.underlay, 1).unwrap();
+    let mut s = c
+        .start_agent(node, TestPins::new(), &["--inject-fault", "decap"])
+        .unwrap();
+    eventually("the agent refuses its programs", T, || {
+        s.agent.log().contains("nothing was attached").then_some(())
+    });
+    let log = s.agent.log();
+    assert!(
+        log.contains("self-test cases (first: weft_decap"),
+        "the first failing case is named: {log}"
+    );
+    let links = s.pins.path().join("links");
+    assert!(
+        std::fs::read_dir(&links).map_or(true, |mut d| d.next().is_none()),
+        "no link pinned"
+    );
+    eventually("no overlay device left", T, || {
+        s.node.ns.ip(&["link", "show", "weft.1"]).is_err().then_some(())
+    });
+    s.agent.kill();
+}
