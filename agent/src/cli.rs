@@ -319,6 +319,21 @@ pub(crate) struct AgentArgs {
     /// addresses (for debugging; off costs nothing).
     #[arg(long, env = "WEFT_TRACE_DROPS")]
     pub trace_drops: bool,
+    /// How often each peer is probed through the tunnel (continuous peer
+    /// health), in seconds; longer where --peer-probe-rate needs it. 0
+    /// turns the probes off.
+    #[arg(long, env = "WEFT_PEER_PROBE_INTERVAL", default_value_t = 10.0,
+          value_parser = probe_interval)]
+    pub peer_probe_interval: f64,
+    /// Probes a second this node sends at most (retries included): with
+    /// many peers, each is probed less often instead.
+    #[arg(long, env = "WEFT_PEER_PROBE_RATE", default_value_t = 20.0,
+          value_parser = probe_rate)]
+    pub peer_probe_rate: f64,
+    /// Export each peer's reachability and round trip as series of their
+    /// own (they grow with the square of the cluster; off: aggregates only).
+    #[arg(long, env = "WEFT_PEER_METRICS")]
+    pub peer_metrics: bool,
     /// Puts a fault into the programs on purpose, to prove that the
     /// self-test refuses them (tests of the upgrade gate only).
     #[arg(long, hide = true, value_enum)]
@@ -364,4 +379,22 @@ pub(crate) struct AgentArgs {
     /// Seconds between retries when no subnet is free or the config is unusable.
     #[arg(long, env = "WEFT_RETRY_INTERVAL", default_value_t = 10)]
     pub retry_interval: u64,
+}
+
+fn probe_interval(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v == 0.0 || (1.0..=3600.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("0 (off) or between 1 and 3600 seconds".into())
+    }
+}
+
+fn probe_rate(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.1..=1000.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("between 0.1 and 1000 probes a second".into())
+    }
 }

@@ -21,6 +21,8 @@ mod commands;
 #[cfg(feature = "agent")]
 pub mod dataplane;
 #[cfg(feature = "agent")]
+mod health;
+#[cfg(feature = "agent")]
 mod http;
 pub mod lease;
 pub mod mac;

@@ -73,6 +73,8 @@ pub(crate) struct Metrics {
     upgrade_refused: AtomicBool,
     /// `weft rollback` put the previous programs back.
     rolled_back: AtomicBool,
+    /// Continuous peer health, once probing.
+    health: OnceLock<crate::health::HealthView>,
 }
 
 #[derive(Default)]
@@ -158,10 +160,19 @@ impl Metrics {
     pub(crate) fn set_etcd_members(&self, members: Vec<(String, bool)>) {
         *self.etcd_members.lock().expect("metrics lock") = members;
     }
-    pub(crate) fn set_programs(&self, passed: usize, failed: usize, refused: bool, rolled_back: bool) {
+    pub(crate) fn set_programs(
+        &self,
+        passed: usize,
+        failed: usize,
+        refused: bool,
+        rolled_back: bool,
+    ) {
         *self.selftest.lock().expect("metrics lock") = Some((passed, failed));
         self.upgrade_refused.store(refused, Relaxed);
         self.rolled_back.store(rolled_back, Relaxed);
+    }
+    pub(crate) fn set_health(&self, h: crate::health::HealthView) {
+        let _ = self.health.set(h);
     }
     pub(crate) fn set_direct_peers(&self, n: u64) {
         self.direct_peers.store(n, Relaxed);
@@ -367,14 +378,25 @@ impl Metrics {
                 &mut o,
                 "weft_upgrade_refused",
                 "1 while this build's programs failed their self-test and the programs that ran before this agent still run (see weft status).",
-                if self.upgrade_refused.load(Relaxed) { 1.0 } else { 0.0 },
+                if self.upgrade_refused.load(Relaxed) {
+                    1.0
+                } else {
+                    0.0
+                },
             );
             gauge(
                 &mut o,
                 "weft_programs_rolled_back",
                 "1 once weft rollback put the previous programs back under this agent.",
-                if self.rolled_back.load(Relaxed) { 1.0 } else { 0.0 },
+                if self.rolled_back.load(Relaxed) {
+                    1.0
+                } else {
+                    0.0
+                },
             );
+        }
+        if let Some(h) = self.health.get() {
+            h.render(&mut o);
         }
         if let Some(c) = self.counters.get() {
             render_counters(&mut o, c);

@@ -56,6 +56,21 @@ pub(crate) struct Report {
     /// upgrade was refused or rolled back, their ids.
     #[serde(default)]
     pub(crate) programs: Option<Programs>,
+    /// Each peer as the continuous probes find it.
+    #[serde(default)]
+    pub(crate) peer_health: Vec<PeerHealth>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PeerHealth {
+    pub(crate) subnet: String,
+    pub(crate) vtep: String,
+    /// reachable, unreachable or unknown.
+    pub(crate) state: String,
+    /// The last answered probe's round trip, in µs (to 0.1 ms).
+    pub(crate) rtt_us: Option<u64>,
+    /// Why the last probe failed, while it has.
+    pub(crate) error: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

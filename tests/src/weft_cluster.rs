@@ -168,6 +168,30 @@ impl WeftCluster {
         Ok(self.nodes.last_mut().unwrap())
     }
 
+    /// Makes `f` a flannel node of this cluster, as flanneld would: its
+    /// `flannel.1` holding `subnet`, the lease (with a TTL, as flannel's
+    /// are) and its routes, FDB and neighbour entries to every Weft node.
+    pub fn flannel_up(&self, f: &Node, subnet: Ipv4Net) {
+        let mac = crate::cluster::flannel_device(f, subnet).unwrap();
+        let lease = self.etcd.etcdctl(&["lease", "grant", "86400"]).unwrap();
+        let id = lease.split_whitespace().nth(1).unwrap().to_string();
+        self.etcd
+            .etcdctl(&[
+                "put",
+                &format!("--lease={id}"),
+                &format!("{PREFIX}/subnets/{}", weft::lease::to_key(&subnet)),
+                &serde_json::json!({
+                    "PublicIP": f.ip.to_string(), "PublicIPv6": null, "BackendType": "vxlan",
+                    "BackendData": {"VNI": 1, "VtepMAC": mac.to_string()},
+                })
+                .to_string(),
+            ])
+            .unwrap();
+        for n in &self.nodes {
+            crate::cluster::flannel_peer(f, n.subnet, n.node.ip, n.vtep_mac()).unwrap();
+        }
+    }
+
     /// Waits until every node has every other node in its peer map.
     pub fn wait_meshed(&self, within: Duration) {
         let others = self.nodes.len() - 1;

@@ -10,7 +10,7 @@ use ipnet::Ipv4Net;
 use serde_json::json;
 use weft_tests::{
     agent::{Agent, eventually},
-    cluster::{Node, flannel_device, flannel_peer, ping},
+    cluster::{Node, ping},
     cni::ConfList,
     pins::TestPins,
     traffic::{ping_outcome, ping_run},
@@ -21,29 +21,6 @@ const T: Duration = Duration::from_secs(30);
 /// "A handful": packets a ping (one every 10 ms) may lose while a node
 /// changes hands.
 const HANDFUL: u32 = 10;
-
-/// What flanneld writes for its node: the lease (with a TTL, as flannel's
-/// are) and its routes, FDB and neighbour entries to every Weft node.
-fn flannel_up(c: &WeftCluster, f: &Node, subnet: Ipv4Net) {
-    let mac = flannel_device(f, subnet).unwrap();
-    let lease = c.etcd.etcdctl(&["lease", "grant", "86400"]).unwrap();
-    let id = lease.split_whitespace().nth(1).unwrap().to_string();
-    c.etcd
-        .etcdctl(&[
-            "put",
-            &format!("--lease={id}"),
-            &format!("{PREFIX}/subnets/{}", weft::lease::to_key(&subnet)),
-            &json!({
-                "PublicIP": f.ip.to_string(), "PublicIPv6": null, "BackendType": "vxlan",
-                "BackendData": {"VNI": 1, "VtepMAC": mac.to_string()},
-            })
-            .to_string(),
-        ])
-        .unwrap();
-    for n in &c.nodes {
-        flannel_peer(f, n.subnet, n.node.ip, n.vtep_mac()).unwrap();
-    }
-}
 
 /// Pings from `from` to `to` every 10 ms (1500 of them), from 2 s before
 /// what follows.
@@ -72,7 +49,7 @@ fn a_flannel_node_moves_to_weft_and_back() {
     // as flannel's plugin attaches them (bridge + host-local, network cbr0).
     let subnet: Ipv4Net = c.free_subnets(1)[0];
     let mut f = Node::new(&c.underlay, 3).unwrap();
-    flannel_up(&c, &f, subnet);
+    c.flannel_up(&f, subnet);
     f.use_subnet(subnet, 1450);
     f.add_pod().unwrap();
     f.add_pod().unwrap();
@@ -209,7 +186,7 @@ fn a_flannel_node_moves_to_weft_and_back() {
     // (its device, lease and routes), then `weft teardown`.
     let pinger = start_pinging(&f.node.pods[0].ns, far);
     f.agent.stop().unwrap();
-    flannel_up(&c, &f.node, subnet);
+    c.flannel_up(&f.node, subnet);
     f.weft(&["teardown"]).unwrap();
     let lost = packets_lost(pinger);
     println!("Weft -> flannel: {lost} of 1500 pings lost");

@@ -97,7 +97,11 @@ fn a_faulty_upgrade_is_refused_a_good_one_swapped_and_rolled_back_without_loss()
             n.metric("weft_selftest_cases{result=\"failed\"}") > 0.0,
             "the failed cases are counted"
         );
-        assert_eq!(&link_programs(n), ids, "the old programs are still attached");
+        assert_eq!(
+            &link_programs(n),
+            ids,
+            "the old programs are still attached"
+        );
         let status = n.weft(&["status"]).unwrap();
         assert!(
             status.contains("UPGRADE REFUSED") && status.contains("failed: weft_decap"),
@@ -172,7 +176,11 @@ fn programs_that_fail_the_self_test_are_never_attached() {
         "no link pinned"
     );
     eventually("no overlay device left", T, || {
-        s.node.ns.ip(&["link", "show", "weft.1"]).is_err().then_some(())
+        s.node
+            .ns
+            .ip(&["link", "show", "weft.1"])
+            .is_err()
+            .then_some(())
     });
     s.agent.kill();
 }

@@ -21,6 +21,7 @@ use crate::{
     cli::{AgentArgs, DatapathKind},
     cni,
     dataplane::{Dataplane, HostRouting, PeerUpdate, ProblemKind},
+    health,
     lease::{
         self, EnvFamily, EtcdStore, HeldLease, LeaseHolder, LeaseView, NetworkConfig, SubnetEnv,
         Subnets, WatchEvent,
@@ -81,6 +82,10 @@ struct Agent {
     /// While a lost lease is acquired again, beside the loop: the subnets
     /// held before.
     relocating: Option<Option<Subnets>>,
+    /// How peers are probed (None: not at all).
+    probe: Option<health::Settings>,
+    /// Continuous peer health, once the dataplane is up.
+    prober: Option<health::Prober>,
 }
 
 pub(crate) async fn run(args: AgentArgs) -> Result<()> {
@@ -175,6 +180,15 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         ip_masq: args.ip_masq,
         changed: Arc::new(tokio::sync::Notify::new()),
         relocating: None,
+        probe: (args.datapath == DatapathKind::Ebpf && args.peer_probe_interval > 0.0).then(|| {
+            health::Settings {
+                interval: Duration::from_secs_f64(args.peer_probe_interval),
+                rate: args.peer_probe_rate,
+                timeout: Duration::from_secs(1),
+                per_peer_metrics: args.peer_metrics,
+            }
+        }),
+        prober: None,
     };
     let events = match args.datapath {
         DatapathKind::Ebpf => Some(crate::dataplane::watch_changes(agent.changed.clone())?),
@@ -390,6 +404,9 @@ impl Agent {
                 .await?;
             self.synced = true;
             self.metrics.set_peers(self.dataplane.peer_count() as u64);
+            if let Some(p) = &self.prober {
+                p.set_peers(&self.dataplane.peer_targets());
+            }
         }
         Ok(out.lost)
     }
@@ -545,6 +562,24 @@ impl Agent {
             );
         }
         self.reporter.write(Report {
+            peer_health: self
+                .prober
+                .as_ref()
+                .map(|p| {
+                    p.peers()
+                        .into_iter()
+                        .map(|h| report::PeerHealth {
+                            subnet: h.subnet.to_string(),
+                            vtep: h.vtep.to_string(),
+                            state: h.state.name().to_string(),
+                            // To 0.1 ms: the report is rewritten when it
+                            // changes.
+                            rtt_us: h.rtt.map(|r| (r.as_micros() as u64 / 100) * 100),
+                            error: h.last_error,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
             programs: programs.map(|p| report::Programs {
                 selftest_cases: p.selftest_cases,
                 selftest_failed: p.selftest_failed,
@@ -606,6 +641,9 @@ impl Agent {
             return Ok(());
         }
         self.dataplane.apply(updates).await?;
+        if let Some(p) = &self.prober {
+            p.set_peers(&self.dataplane.peer_targets());
+        }
         self.metrics.inc_lease_changes_applied(updates.len() as u64);
         self.metrics.set_peers(self.dataplane.peer_count() as u64);
         Ok(())
@@ -617,6 +655,13 @@ impl Agent {
         self.dataplane.set_subnet(held.subnet).await?;
         if let Some(c) = self.dataplane.counters() {
             self.metrics.set_counters(c);
+        }
+        if self.prober.is_none()
+            && let Some(settings) = self.probe
+        {
+            let p = health::Prober::start(settings)?;
+            self.metrics.set_health(p.view());
+            self.prober = Some(p);
         }
         if let Some(l) = self.dataplane.liberal() {
             self.metrics.set_liberal(l);

@@ -174,7 +174,9 @@ impl NodePlan {
                 pins: PinDir::new(&args.pins.bpffs_dir),
                 trace_drops: args.trace_drops,
                 max_peers: args.max_peers,
-                fault: args.inject_fault.map_or(dataplane_common::FAULT_NONE, |f| f.value()),
+                fault: args
+                    .inject_fault
+                    .map_or(dataplane_common::FAULT_NONE, |f| f.value()),
                 host_routing: args.host_routing,
                 state_dir: args.state.state_dir.clone(),
                 network: config.network(),

@@ -166,15 +166,37 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
         }
     }
     println!("\nPeers ({} of {capacity})", peers.len());
-    println!("  {:<18} {:<16} {:<18} PATH", "SUBNET", "VTEP", "MAC");
+    let health: std::collections::HashMap<String, &crate::report::PeerHealth> = agent
+        .as_ref()
+        .map(|r| {
+            r.peer_health
+                .iter()
+                .map(|h| (h.subnet.clone(), h))
+                .collect()
+        })
+        .unwrap_or_default();
+    println!(
+        "  {:<18} {:<16} {:<18} {:<7} {:<12} RTT",
+        "SUBNET", "VTEP", "MAC", "PATH", "HEALTH"
+    );
     for p in &peers {
+        let h = health.get(&p.subnet.to_string());
         println!(
-            "  {:<18} {:<16} {:<18} {}",
+            "  {:<18} {:<16} {:<18} {:<7} {:<12} {}",
             p.subnet.to_string(),
             p.vtep.to_string(),
             p.mac.to_string(),
-            path(&p.subnet)
+            path(&p.subnet),
+            h.map_or("-", |h| h.state.as_str()),
+            h.and_then(|h| h.rtt_us)
+                .map_or("-".to_string(), |us| format!(
+                    "{:.1} ms",
+                    us as f64 / 1000.0
+                )),
         );
+        if let Some(e) = h.and_then(|h| h.error.as_deref()) {
+            println!("    last probe: {}", super::shown(e));
+        }
     }
     if peers.len() as u32 >= capacity {
         println!("  the peer map is full: leases beyond it are not programmed; raise --max-peers");

@@ -204,13 +204,16 @@ fn previous_layout(pins: &PinDir) -> Option<u32> {
 }
 
 fn layout_of(dir: &Path) -> Option<u32> {
-    std::fs::read_dir(dir).ok()?.filter_map(|e| e.ok()).find_map(|e| {
-        e.file_name()
-            .to_str()?
-            .strip_prefix("layout-v")?
-            .parse()
-            .ok()
-    })
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .find_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix("layout-v")?
+                .parse()
+                .ok()
+        })
 }
 
 fn layout_marker(version: u32) -> String {

@@ -49,13 +49,13 @@ pub(crate) use types::{DecapChoice, DecapHook, Family};
 
 pub(crate) use conntrack::LiberalStats;
 pub(crate) use events::watch as watch_changes;
+pub use generations::Swapped;
 pub(crate) use kernel::KernelSupport;
 pub(crate) use loader::{pinned_links, pinned_program};
 pub(crate) use netlink::{Link, Netlink};
 pub use overlay::{Problem, ProblemKind};
 pub(crate) use sysctl::{read as read_sysctl, read_iface as read_iface_sysctl};
 pub(crate) use teardown::teardown;
-pub use generations::Swapped;
 
 /// Puts back the previous generation of programs (see
 /// [`generations::rollback`]).
@@ -195,6 +195,16 @@ impl Dataplane {
             "peer table in step with etcd"
         );
         Ok(())
+    }
+
+    /// Each peer's subnet and VTEP (what continuous peer health probes).
+    pub(crate) fn peer_targets(&self) -> Vec<(IpNet, std::net::IpAddr)> {
+        match &self.kind {
+            Kind::Off { peers } => peers.values().map(|p| (p.subnet, p.vtep)).collect(),
+            Kind::Ebpf { overlay, .. } => overlay.as_ref().map_or_else(Vec::new, |o| {
+                o.peers().values().map(|p| (p.subnet, p.vtep)).collect()
+            }),
+        }
     }
 
     pub(crate) fn peer_count(&self) -> usize {

@@ -23,6 +23,10 @@ const FRAG_NEEDED4: u8 = 4;
 const ECHO_REQUEST6: u8 = 128;
 const ECHO_REPLY6: u8 = 129;
 const TOO_BIG6: u8 = 2;
+/// `ICMP_FILTER` (linux/icmp.h), at level `SOL_RAW`.
+const ICMP_FILTER: libc::c_int = 1;
+/// `ICMP6_FILTER` (linux/icmpv6.h), at level `IPPROTO_ICMPV6`.
+const ICMP6_FILTER: libc::c_int = 1;
 
 /// Sends one ICMP echo of `size` bytes on the wire (IP header included)
 /// to `to` and waits up to `timeout` for its answer; returns the round
@@ -56,6 +60,94 @@ pub(crate) fn echo(to: IpAddr, size: usize, timeout: Duration) -> Result<Duratio
             Answer::Other => continue,
         }
     }
+}
+
+/// A long-lived echo socket of one family, for probes many and often
+/// (peer health): requests carry `id` and a sequence number; only echo
+/// replies (and "too big" answers) reach it.
+pub(crate) struct Pinger {
+    sock: Socket,
+    id: u16,
+    buf: Vec<u8>,
+}
+
+/// One answer a [`Pinger`] received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Echoed {
+    pub from: IpAddr,
+    pub seq: u16,
+}
+
+impl Pinger {
+    pub(crate) fn open(v6: bool, id: u16) -> Result<Self> {
+        let any = if v6 {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        };
+        let sock = Socket::open(any)?;
+        sock.only_replies()?;
+        Ok(Self {
+            sock,
+            id,
+            buf: vec![0u8; 2048],
+        })
+    }
+
+    /// The socket, to poll.
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.sock.fd.as_raw_fd()
+    }
+
+    /// Sends one echo request of `size` bytes on the wire (IP header
+    /// included) to `to`.
+    pub(crate) fn send(&self, to: IpAddr, seq: u16, size: usize) -> Result<()> {
+        let header = if self.sock.v6 {
+            IPV6_HEADER
+        } else {
+            IPV4_HEADER
+        };
+        let pkt = request(
+            self.sock.v6,
+            self.id,
+            seq,
+            size.saturating_sub(header).max(8),
+        );
+        self.sock.send_to(&pkt, to)
+    }
+
+    /// The next echo reply of ours, or None when `wait` passes first.
+    pub(crate) fn recv(&mut self, wait: Duration) -> Result<Option<Echoed>> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let Some((n, from)) = self.sock.recv_from(&mut self.buf, left)? else {
+                return Ok(None);
+            };
+            if let Some(seq) = reply_seq(self.sock.v6, &self.buf[..n], self.id) {
+                return Ok(Some(Echoed { from, seq }));
+            }
+        }
+    }
+}
+
+/// The sequence number of an echo reply carrying `id`.
+fn reply_seq(v6: bool, msg: &[u8], id: u16) -> Option<u16> {
+    let icmp = if v6 {
+        msg
+    } else {
+        let ihl = usize::from(msg.first()? & 0x0f) * 4;
+        if ihl < IPV4_HEADER {
+            return None;
+        }
+        msg.get(ihl..)?
+    };
+    let want = if v6 { ECHO_REPLY6 } else { ECHO_REPLY4 };
+    (icmp.len() >= 8 && icmp[0] == want && icmp[4..6] == id.to_be_bytes())
+        .then(|| u16::from_be_bytes([icmp[6], icmp[7]]))
 }
 
 /// An echo request's ICMP message (`len` bytes). IPv4's checksum is ours
@@ -148,6 +240,23 @@ impl Socket {
             )?;
         }
         Ok(s)
+    }
+
+    /// Only echo replies and "too big" answers are queued to the socket
+    /// (a raw socket otherwise gets a copy of every ICMP message).
+    fn only_replies(&self) -> Result<()> {
+        if self.v6 {
+            // struct icmp6_filter: a set bit blocks its type.
+            let mut data = [u32::MAX; 8];
+            for t in [ECHO_REPLY6, TOO_BIG6] {
+                data[usize::from(t >> 5)] &= !(1u32 << (t & 31));
+            }
+            self.set_raw(libc::IPPROTO_ICMPV6, ICMP6_FILTER, &data)
+        } else {
+            // ICMP_FILTER: a set bit blocks its type.
+            let pass = (1u32 << ECHO_REPLY4) | (1u32 << UNREACHABLE4);
+            self.set_raw(libc::SOL_RAW, ICMP_FILTER, &!pass)
+        }
     }
 
     fn set(&self, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> Result<()> {
@@ -317,6 +426,29 @@ mod tests {
             answer(to4, &reply4[..24], to4, 7, 9),
             Answer::Other
         ));
+    }
+
+    #[test]
+    fn a_pinger_sees_its_own_replies_only() {
+        let mut reply4 = vec![0x45u8];
+        reply4.extend([0; 19]);
+        reply4.extend([ECHO_REPLY4, 0, 0, 0, 0, 7, 0, 9]);
+        assert_eq!(reply_seq(false, &reply4, 7), Some(9));
+        assert_eq!(reply_seq(false, &reply4, 8), None);
+        assert_eq!(
+            reply_seq(true, &[ECHO_REPLY6, 0, 0, 0, 0, 7, 1, 2], 7),
+            Some(258)
+        );
+        assert_eq!(
+            reply_seq(true, &[ECHO_REQUEST6, 0, 0, 0, 0, 7, 1, 2], 7),
+            None
+        );
+        // A real socket: loopback answers, by sequence number.
+        let mut p = Pinger::open(false, 0x5eed).unwrap();
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        p.send(lo, 41, 84).unwrap();
+        let got = p.recv(Duration::from_secs(2)).unwrap();
+        assert_eq!(got, Some(Echoed { from: lo, seq: 41 }));
     }
 
     #[test]

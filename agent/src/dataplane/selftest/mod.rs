@@ -43,8 +43,8 @@ pub(crate) fn run(bpffs: &Path, opts: &LoadOptions) -> Result<Vec<Outcome>> {
         max_peers: dataplane_common::MAX_PEERS.min(opts.max_peers),
         ..*opts
     };
-    let mut loaded = Loaded::load(&dir.pins, &opts)
-        .context("loading the programs for the self-test")?;
+    let mut loaded =
+        Loaded::load(&dir.pins, &opts).context("loading the programs for the self-test")?;
     let mut maps = PeerMaps::open(&dir.pins)?;
     let mut endpoints = EndpointMap::open(&dir.pins)?;
     let counters = Counters::open(&dir.pins)?;

@@ -1,0 +1,346 @@
+//! Continuous peer health: every peer probed through the tunnel at a low,
+//! bounded rate, always on. A probe is an ICMP echo to the peer's overlay
+//! address (its subnet's network address, which its overlay device holds:
+//! Weft's `weft.<VNI>` and flannel's `flannel.<VNI>` alike), so an answer
+//! means VXLAN passes both ways between the two nodes.
+//!
+//! One thread sends and receives on one raw socket per family; the
+//! schedule is [`table`]'s. What it finds goes to the metrics (aggregates
+//! by default: peers reachable and unreachable, a round-trip histogram;
+//! per-peer series only with `--peer-metrics`, as they grow with the
+//! square of the cluster) and to `weft status`.
+
+pub(crate) mod table;
+
+use std::{
+    fmt::Write as _,
+    net::IpAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering::Relaxed},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use ipnet::IpNet;
+
+use crate::sys::icmp::Pinger;
+use table::{State, Table};
+
+/// The probe's size on the wire, IP header included (a ping's default).
+const PROBE_SIZE: usize = 84;
+/// Upper bounds of the round-trip histogram, in seconds.
+const RTT_BUCKETS: [f64; 11] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// How peers are probed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Settings {
+    /// How often each peer is probed (longer where `rate` needs it).
+    pub interval: Duration,
+    /// Probes a second this node sends at most, retries included.
+    pub rate: f64,
+    /// How long a probe waits for its answer.
+    pub timeout: Duration,
+    /// Export a series per peer, not only the aggregates.
+    pub per_peer_metrics: bool,
+}
+
+/// One peer as `weft status` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PeerHealth {
+    pub subnet: IpNet,
+    pub vtep: IpAddr,
+    pub state: State,
+    pub rtt: Option<Duration>,
+    pub last_error: Option<String>,
+}
+
+struct Shared {
+    table: Mutex<Table>,
+    hist: Mutex<Histogram>,
+    stop: AtomicBool,
+    settings: Settings,
+}
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; RTT_BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+/// The running prober; stopped when dropped.
+pub(crate) struct Prober {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What the metrics render from (kept by the metrics after the agent
+/// started the prober).
+#[derive(Clone)]
+pub(crate) struct HealthView(Arc<Shared>);
+
+impl Prober {
+    /// Starts probing (no peers yet). The thread inherits this thread's
+    /// network namespace.
+    pub(crate) fn start(settings: Settings) -> Result<Self> {
+        let shared = Arc::new(Shared {
+            table: Mutex::new(Table::new(
+                settings.interval,
+                settings.rate,
+                settings.timeout,
+            )),
+            hist: Mutex::default(),
+            stop: AtomicBool::new(false),
+            settings,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("weft-prober".into())
+            .spawn(move || run(&s))
+            .context("starting the peer prober")?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The peers are now `peers` (subnet, VTEP).
+    pub(crate) fn set_peers(&self, peers: &[(IpNet, IpAddr)]) {
+        self.shared
+            .table
+            .lock()
+            .expect("prober lock")
+            .set_peers(peers, Instant::now());
+    }
+
+    /// Every peer's health, by subnet.
+    pub(crate) fn peers(&self) -> Vec<PeerHealth> {
+        let t = self.shared.table.lock().expect("prober lock");
+        let mut out: Vec<PeerHealth> = t
+            .peers()
+            .map(|(s, e)| PeerHealth {
+                subnet: *s,
+                vtep: e.vtep,
+                state: e.state,
+                rtt: e.rtt,
+                last_error: e.last_error.clone(),
+            })
+            .collect();
+        out.sort_by_key(|p| p.subnet);
+        out
+    }
+
+    pub(crate) fn view(&self) -> HealthView {
+        HealthView(self.shared.clone())
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The prober's loop: expire, send what is due within the rate bound,
+/// wait for answers until the next thing to do.
+fn run(s: &Shared) {
+    let id = (std::process::id() & 0xffff) as u16;
+    let mut pingers: [Option<Pinger>; 2] = [None, None];
+    let rate = s.settings.rate.max(0.1);
+    // A quarter second's worth at once at most: the bound holds over any
+    // window, not only on average.
+    let burst = (rate / 4.0).max(1.0);
+    let mut tokens = burst;
+    let mut last = Instant::now();
+    let mut warned = [false; 2];
+    while !s.stop.load(Relaxed) {
+        let now = Instant::now();
+        tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(burst);
+        last = now;
+        let (due, next) = {
+            let mut t = s.table.lock().expect("prober lock");
+            t.expire(now);
+            let due = t.due(now, tokens as usize);
+            (due, t.next_event())
+        };
+        tokens -= due.len() as f64;
+        for (_, target, seq) in due {
+            let f = usize::from(target.is_ipv6());
+            if pingers[f].is_none() {
+                match Pinger::open(target.is_ipv6(), id) {
+                    Ok(p) => pingers[f] = Some(p),
+                    Err(e) if !warned[f] => {
+                        warned[f] = true;
+                        tracing::warn!(error = %format!("{e:#}"), "peer health: cannot open an ICMP socket");
+                    }
+                    Err(_) => {}
+                }
+            }
+            let sent = match &pingers[f] {
+                Some(p) => p
+                    .send(target, seq, PROBE_SIZE)
+                    .map_err(|e| format!("{e:#}")),
+                None => Err("no ICMP socket".to_string()),
+            };
+            if let Err(why) = sent {
+                s.table
+                    .lock()
+                    .expect("prober lock")
+                    .failed(seq, why, Instant::now());
+            }
+        }
+        // Sleep until the next event (once a token is there for it), or
+        // an answer.
+        let until_event = next.map_or(Duration::from_millis(200), |n| {
+            n.saturating_duration_since(Instant::now())
+        });
+        let until_token = Duration::from_secs_f64((1.0 - tokens).max(0.0) / rate);
+        let wait = until_event
+            .max(until_token)
+            .clamp(Duration::from_millis(1), Duration::from_millis(200));
+        receive(s, &mut pingers, wait);
+    }
+}
+
+/// Waits up to `wait` for answers on the open sockets and books them.
+fn receive(s: &Shared, pingers: &mut [Option<Pinger>; 2], wait: Duration) {
+    let mut fds: Vec<libc::pollfd> = pingers
+        .iter()
+        .flatten()
+        .map(|p| libc::pollfd {
+            fd: p.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    if fds.is_empty() {
+        std::thread::sleep(wait);
+        return;
+    }
+    // SAFETY: fds is a valid array of pollfd for its length.
+    let n = unsafe {
+        libc::poll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            wait.as_millis().max(1) as libc::c_int,
+        )
+    };
+    if n <= 0 {
+        return;
+    }
+    for p in pingers.iter_mut().flatten() {
+        while let Ok(Some(e)) = p.recv(Duration::from_micros(1)) {
+            let now = Instant::now();
+            let mut t = s.table.lock().expect("prober lock");
+            t.answered(e.seq, e.from, now);
+            let rtts = std::mem::take(&mut t.rtts);
+            drop(t);
+            let mut h = s.hist.lock().expect("prober lock");
+            for r in rtts {
+                let secs = r.as_secs_f64();
+                for (i, b) in RTT_BUCKETS.iter().enumerate() {
+                    if secs <= *b {
+                        h.counts[i] += 1;
+                    }
+                }
+                h.sum += secs;
+                h.count += 1;
+            }
+        }
+    }
+}
+
+impl HealthView {
+    /// The prober's metrics, in Prometheus text format.
+    pub(crate) fn render(&self, o: &mut String) {
+        let s = &self.0;
+        let t = s.table.lock().expect("prober lock");
+        let (up, down, unknown) = t.counts();
+        let tally = t.tally;
+        let _ = writeln!(
+            o,
+            "# HELP weft_peers_reachable Peers whose last probe through the tunnel was answered.\n# TYPE weft_peers_reachable gauge\nweft_peers_reachable {up}"
+        );
+        let _ = writeln!(
+            o,
+            "# HELP weft_peers_unreachable Peers that missed {} probes through the tunnel in a row.\n# TYPE weft_peers_unreachable gauge\nweft_peers_unreachable {down}",
+            table::MISSES
+        );
+        let _ = writeln!(
+            o,
+            "# HELP weft_peers_unprobed Peers not yet answered nor missed enough.\n# TYPE weft_peers_unprobed gauge\nweft_peers_unprobed {unknown}"
+        );
+        let name = "weft_peer_probes_total";
+        let _ = writeln!(
+            o,
+            "# HELP {name} Probes sent to peers, by what became of them (failed: could not be sent).\n# TYPE {name} counter"
+        );
+        for (r, v) in [
+            ("answered", tally.answered),
+            ("lost", tally.lost),
+            ("failed", tally.failed),
+        ] {
+            let _ = writeln!(o, "{name}{{result=\"{r}\"}} {v}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP weft_peer_probe_period_seconds How long between two probes of one peer (the interval, longer where the rate bound needs it).\n# TYPE weft_peer_probe_period_seconds gauge\nweft_peer_probe_period_seconds {}",
+            t.period().as_secs_f64()
+        );
+        if s.settings.per_peer_metrics {
+            let _ = writeln!(
+                o,
+                "# HELP weft_peer_reachable 1 if the peer's last probe was answered, 0 if it is unreachable, -1 not yet known.\n# TYPE weft_peer_reachable gauge"
+            );
+            let mut peers: Vec<_> = t.peers().collect();
+            peers.sort_by_key(|(s, _)| **s);
+            for (subnet, e) in &peers {
+                let v = match e.state {
+                    State::Reachable => 1,
+                    State::Unreachable => 0,
+                    State::Unknown => -1,
+                };
+                let _ = writeln!(
+                    o,
+                    "weft_peer_reachable{{subnet=\"{subnet}\",vtep=\"{}\"}} {v}",
+                    e.vtep
+                );
+            }
+            let _ = writeln!(
+                o,
+                "# HELP weft_peer_rtt_last_seconds The peer's last answered probe's round trip.\n# TYPE weft_peer_rtt_last_seconds gauge"
+            );
+            for (subnet, e) in &peers {
+                if let Some(r) = e.rtt {
+                    let _ = writeln!(
+                        o,
+                        "weft_peer_rtt_last_seconds{{subnet=\"{subnet}\",vtep=\"{}\"}} {}",
+                        e.vtep,
+                        r.as_secs_f64()
+                    );
+                }
+            }
+        }
+        drop(t);
+        let h = s.hist.lock().expect("prober lock");
+        let name = "weft_peer_rtt_seconds";
+        let _ = writeln!(
+            o,
+            "# HELP {name} Round trips of answered probes, across peers.\n# TYPE {name} histogram"
+        );
+        for (i, b) in RTT_BUCKETS.iter().enumerate() {
+            let _ = writeln!(o, "{name}_bucket{{le=\"{b}\"}} {}", h.counts[i]);
+        }
+        let _ = writeln!(o, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+        let _ = writeln!(o, "{name}_sum {}", h.sum);
+        let _ = writeln!(o, "{name}_count {}", h.count);
+    }
+}
