@@ -232,12 +232,16 @@ pub(crate) struct StateArgs {
 pub(crate) enum Fault {
     /// Decapsulation drops what it would have decapsulated.
     Decap,
+    /// The same on real devices only: the self-test passes, the check
+    /// after the swap does not.
+    DecapLive,
 }
 
 impl Fault {
     pub(crate) fn value(self) -> u32 {
         match self {
             Fault::Decap => dataplane_common::FAULT_DECAP,
+            Fault::DecapLive => dataplane_common::FAULT_DECAP_LIVE,
         }
     }
 }

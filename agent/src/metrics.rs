@@ -387,7 +387,7 @@ impl Metrics {
             gauge(
                 &mut o,
                 "weft_programs_rolled_back",
-                "1 once weft rollback put the previous programs back under this agent.",
+                "1 once the previous programs were put back under this agent (weft rollback, or the agent itself when the new ones lost the peers).",
                 if self.rolled_back.load(Relaxed) {
                     1.0
                 } else {

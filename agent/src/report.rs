@@ -79,6 +79,8 @@ pub(crate) struct Programs {
     pub(crate) selftest_failed: Vec<String>,
     pub(crate) upgrade_refused: bool,
     pub(crate) rolled_back: bool,
+    #[serde(default)]
+    pub(crate) rollback_reason: Option<String>,
     pub(crate) ids: std::collections::BTreeMap<String, u32>,
 }
 

@@ -40,6 +40,10 @@ pub const LAYOUT_VERSION: u32 = 4;
 pub const FAULT_NONE: u32 = 0;
 /// Decapsulation drops every frame it would have decapsulated.
 pub const FAULT_DECAP: u32 = 1;
+/// The same on real devices only, not on loopback (where the self-test
+/// runs): a fault the golden frames cannot see, which the check after a
+/// swap (peers that answered before must answer after) catches.
+pub const FAULT_DECAP_LIVE: u32 = 2;
 
 /// Map names, as the programs declare them and the agent pins them.
 pub mod map_names {

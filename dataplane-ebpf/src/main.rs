@@ -68,6 +68,8 @@ fn weft_tunnel_rx(ctx: TcContext) -> i32 {
         Some(cfg) => encap6::tunnel_rx(&ctx, cfg),
         None => Err(Dropped::from(Reason::DropError)),
     };
+    // SAFETY: the context's __sk_buff is valid for the program's run.
+    let r = faulty(r, unsafe { (*ctx.skb.skb).ifindex });
     match r {
         Ok(d) => {
             count(d.reason, d.bytes);
@@ -98,14 +100,18 @@ fn weft_decap(ctx: XdpContext) -> u32 {
             bytes: len,
         }),
     };
-    finish(&ctx, faulty(r), len, xdp_action::XDP_DROP)
+    // SAFETY: the context's xdp_md is valid for the program's run.
+    let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
+    finish(&ctx, faulty(r, ifindex), len, xdp_action::XDP_DROP)
 }
 
 /// Decapsulation fallback: TC ingress on the uplink, for when XDP cannot be
 /// attached (`--xdp-mode off`).
 #[classifier]
 fn weft_decap_tc(ctx: TcContext) -> i32 {
-    tc(&ctx, Unconfigured::Pass, |c, cfg| faulty(strip::tc(c, cfg)))
+    // SAFETY: the context's __sk_buff is valid for the program's run.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    tc(&ctx, Unconfigured::Pass, |c, cfg| faulty(strip::tc(c, cfg), ifindex))
 }
 
 /// Host routing, transmit: TC ingress on the host side of each pod's veth.
@@ -145,19 +151,22 @@ fn weft_deliver(ctx: TcContext) -> i32 {
 #[unsafe(no_mangle)]
 static FAULT: u32 = dataplane_common::FAULT_NONE;
 
-/// Decapsulation's outcome, or a drop where `FAULT_DECAP` is set and it
-/// would have decapsulated.
+/// Decapsulation's outcome, or a drop where a decapsulation fault is set
+/// (for a frame that arrived on `ifindex`) and it would have decapsulated.
 #[inline(always)]
-fn faulty<A>(r: Result<Done<A>, Dropped>) -> Result<Done<A>, Dropped> {
+fn faulty<A>(r: Result<Done<A>, Dropped>, ifindex: u32) -> Result<Done<A>, Dropped> {
     // SAFETY: a read of a static the loader may have set.
     let fault = unsafe { core::ptr::read_volatile(&FAULT) };
+    let on = fault == dataplane_common::FAULT_DECAP
+        || (fault == dataplane_common::FAULT_DECAP_LIVE && ifindex != LOOPBACK);
     match r {
-        Ok(d) if fault == dataplane_common::FAULT_DECAP && d.reason != Reason::Passed => {
-            Err(Dropped::from(Reason::DropError))
-        }
+        Ok(d) if on && d.reason != Reason::Passed => Err(Dropped::from(Reason::DropError)),
         r => r,
     }
 }
+
+/// The loopback device's index in every network namespace.
+const LOOPBACK: u32 = 1;
 
 /// What a program does before the agent has written a config.
 #[derive(Clone, Copy)]

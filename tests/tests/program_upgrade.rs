@@ -184,3 +184,41 @@ fn programs_that_fail_the_self_test_are_never_attached() {
     });
     s.agent.kill();
 }
+
+/// Programs that pass the self-test but lose the peers on the node's real
+/// devices (a fault the golden frames cannot see) are rolled back by the
+/// agent itself: the peers that answered before the swap do not answer
+/// after it, so the programs that ran before go back into every link.
+#[test]
+fn an_upgrade_that_loses_the_peers_is_rolled_back_by_the_agent() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    c.wait_meshed(T);
+    let first = link_programs(&c.nodes[1]);
+    let n = &mut c.nodes[1];
+    n.agent
+        .args_mut()
+        .extend(["--inject-fault".to_string(), "decap-live".to_string()]);
+    n.agent.restart().unwrap();
+    let n = &c.nodes[1];
+    n.wait_dataplane_up(T);
+    n.wait_metric("weft_programs_rolled_back", |v| v == 1.0, T);
+    assert_eq!(
+        n.metric("weft_upgrade_refused"),
+        0.0,
+        "the self-test passed"
+    );
+    assert_eq!(
+        link_programs(n),
+        first,
+        "the old programs are back in every link"
+    );
+    let status = n.weft(&["status"]).unwrap();
+    assert!(
+        status.contains("ROLLED BACK by the agent") && status.contains("did not answer"),
+        "{status}"
+    );
+    // The agent keeps them, and the pods reach each other again.
+    std::thread::sleep(weft_tests::scaled(Duration::from_secs(3)));
+    assert_eq!(link_programs(n), first);
+    assert!(c.all_pairs_reach().is_ok());
+}

@@ -585,6 +585,7 @@ impl Agent {
                 selftest_failed: p.selftest_failed,
                 upgrade_refused: p.upgrade_refused,
                 rolled_back: p.rolled_back,
+                rollback_reason: p.rollback_reason,
                 ids: p.ids,
             }),
             subnet: self.subnet.map(|s| s.to_string()),

@@ -303,8 +303,15 @@ fn print_programs(p: &crate::report::Programs) {
             println!("    failed: {}", super::shown(f));
         }
     }
-    if p.rolled_back {
-        println!("  programs: rolled back (weft rollback) to the previous generation");
+    match (&p.rollback_reason, p.rolled_back) {
+        (Some(why), _) => println!(
+            "  programs: ROLLED BACK by the agent after the swap: {}",
+            super::shown(why)
+        ),
+        (None, true) => {
+            println!("  programs: rolled back (weft rollback) to the previous generation")
+        }
+        (None, false) => {}
     }
     println!("  program ids: {ids}");
 }

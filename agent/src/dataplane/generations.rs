@@ -61,6 +61,11 @@ pub(crate) type Generation = HashMap<String, Program>;
 /// current generation; the generation it replaces becomes the previous
 /// one (an older previous one is dropped). Nothing attached changes.
 pub(crate) fn install(pins: &PinDir, ebpf: &mut Ebpf) -> Result<()> {
+    // Programs an earlier release attached without pinning a generation
+    // become the previous one all the same.
+    if !current(pins).exists() && pins.has_links() {
+        running(pins)?;
+    }
     let staging = pins.root().join("programs-new");
     remove_dir(&staging)?;
     std::fs::create_dir_all(staging.join(layout_marker(LAYOUT_VERSION)))

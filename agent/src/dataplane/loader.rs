@@ -223,6 +223,10 @@ impl Loaded {
         Ok(true)
     }
 
+    pub(crate) fn pins(&self) -> &PinDir {
+        &self.pins
+    }
+
     /// The ids of the programs attaches use, by name.
     pub(crate) fn active_ids(&self) -> std::collections::HashMap<String, u32> {
         generations::ids(&self.active)

@@ -344,3 +344,41 @@ impl HealthView {
         let _ = writeln!(o, "{name}_count {}", h.count);
     }
 }
+
+/// Probes each of `targets` once, all at once, and returns those that
+/// answered within `timeout` (the check around a program swap).
+pub(crate) fn answering(targets: &[IpAddr], timeout: Duration) -> Vec<IpAddr> {
+    // Another id than the prober's, so that neither takes the other's.
+    let id = ((std::process::id() & 0xffff) as u16) ^ 0x8000;
+    let mut pingers: [Option<Pinger>; 2] = [None, None];
+    let mut sent: Vec<(u16, IpAddr)> = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        let f = usize::from(t.is_ipv6());
+        if pingers[f].is_none() {
+            pingers[f] = Pinger::open(t.is_ipv6(), id).ok();
+        }
+        let seq = i as u16 + 1;
+        if let Some(p) = &pingers[f]
+            && p.send(*t, seq, PROBE_SIZE).is_ok()
+        {
+            sent.push((seq, *t));
+        }
+    }
+    let deadline = Instant::now() + timeout;
+    let mut answered = Vec::new();
+    while answered.len() < sent.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        for p in pingers.iter_mut().flatten() {
+            let wait = left.min(Duration::from_millis(20));
+            while let Ok(Some(e)) = p.recv(wait) {
+                if sent.contains(&(e.seq, e.from)) && !answered.contains(&e.from) {
+                    answered.push(e.from);
+                }
+            }
+        }
+    }
+    answered
+}

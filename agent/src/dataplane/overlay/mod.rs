@@ -24,6 +24,7 @@
 mod devices;
 mod peers;
 mod programs;
+mod swap_check;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -80,8 +81,11 @@ pub(crate) struct ProgramsState {
     pub selftest_failed: Vec<String>,
     /// They failed, and the programs that ran before this agent still run.
     pub upgrade_refused: bool,
-    /// `weft rollback` put the previous generation back since.
+    /// `weft rollback` put the previous generation back since, or the
+    /// agent did.
     pub rolled_back: bool,
+    /// Why the agent rolled back itself.
+    pub rollback_reason: Option<String>,
     /// The programs attaches use, by name: their kernel ids.
     pub ids: std::collections::BTreeMap<String, u32>,
 }
@@ -176,9 +180,32 @@ impl Overlay {
         };
         netfilter::apply(&o.netfilter())?;
         o.write_config()?;
+        // New programs going into running links: which peers answer
+        // through the ones there now.
+        let swapping = adopting && !o.programs.gate.kept_running;
+        let answered = if swapping {
+            let peers = o.table.peers();
+            loader::off_runtime(move || swap_check::before(peers.values()))
+        } else {
+            Vec::new()
+        };
         o.programs.attach(&o.spec, &o.devices)?;
         // Only now may frames be left to the kernel's vxlan device.
         o.write_config()?;
+        if !answered.is_empty() {
+            let before = answered.clone();
+            match loader::off_runtime(move || swap_check::after(&before, swap_check::GRACE)) {
+                Ok(n) => tracing::info!(
+                    answered = n,
+                    before = answered.len(),
+                    "the new programs reach the peers that answered before the swap"
+                ),
+                Err(why) => {
+                    tracing::error!(%why, "the new programs lose peers: rolling back to the programs that ran before");
+                    o.programs.roll_back(why)?;
+                }
+            }
+        }
         o.programs.log(o.spec.host_routing);
         if o.spec.host_routing == HostRouting::Auto && o.programs.has_conntrack() {
             o._marker = Some(conntrack::spawn_marker(&o.spec.pins, o.liberal.clone())?);
@@ -272,6 +299,7 @@ impl Overlay {
             selftest_failed: self.programs.gate.failed.clone(),
             upgrade_refused: self.programs.gate.kept_running,
             rolled_back: self.programs.rolled_back,
+            rollback_reason: self.programs.rollback_reason.clone(),
             ids: self.programs.loaded.active_ids().into_iter().collect(),
         }
     }

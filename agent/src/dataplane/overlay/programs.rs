@@ -10,7 +10,7 @@ use dataplane_common::{
 
 use super::super::{
     bpffs::PinDir,
-    conntrack,
+    conntrack, generations,
     loader::{self, Attachment, Hook, LoadOptions, Loaded, Replaced, off_runtime},
     maps::PeerMaps,
     netlink::Link,
@@ -32,6 +32,9 @@ pub(crate) struct Programs {
     pub(crate) gate: Gate,
     /// The previous generation was put back (`weft rollback`).
     pub(crate) rolled_back: bool,
+    /// Why the agent rolled the programs back itself (the check after the
+    /// swap failed).
+    pub(crate) rollback_reason: Option<String>,
 }
 
 /// The self-test of this build's programs, run before any of them is
@@ -152,9 +155,22 @@ impl Programs {
                 trace: None,
                 gate,
                 rolled_back: false,
+                rollback_reason: None,
             },
             replaced,
         ))
+    }
+
+    /// Puts the previous generation back into the links (see
+    /// [`generations`]) because `why`, and attaches from it from now on.
+    pub(super) fn roll_back(&mut self, why: String) -> Result<()> {
+        let pins = self.loaded.pins().clone();
+        let swapped = off_runtime(move || generations::rollback(&pins))?;
+        self.loaded.follow_pins()?;
+        tracing::warn!(links = swapped.len(), programs = ?self.loaded.active_ids(), "rolled back");
+        self.rolled_back = true;
+        self.rollback_reason = Some(why);
+        Ok(())
     }
 
     /// Whether the kernel has conntrack's kfuncs for the programs.
