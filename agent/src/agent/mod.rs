@@ -43,6 +43,10 @@ const HEAL_EVERY_TICKS: u64 = 2;
 /// The TLS files are checked for new contents every this many 1 s ticks.
 const TLS_CHECK_TICKS: u64 = 5;
 
+/// Peers whose health the status report lists (beyond, only those not
+/// reachable).
+const REPORTED_PEERS: usize = 1000;
+
 /// Not ready while the lease watch has not known itself current for this
 /// long: lease changes may be going unseen (the dataplane keeps forwarding).
 const WATCH_STALE: Duration = Duration::from_secs(15);
@@ -566,7 +570,7 @@ impl Agent {
                 .prober
                 .as_ref()
                 .map(|p| {
-                    p.peers()
+                    p.peers(REPORTED_PEERS)
                         .into_iter()
                         .map(|h| report::PeerHealth {
                             subnet: h.subnet.to_string(),
@@ -643,7 +647,7 @@ impl Agent {
         }
         self.dataplane.apply(updates).await?;
         if let Some(p) = &self.prober {
-            p.set_peers(&self.dataplane.peer_targets());
+            p.apply(updates);
         }
         self.metrics.inc_lease_changes_applied(updates.len() as u64);
         self.metrics.set_peers(self.dataplane.peer_count() as u64);

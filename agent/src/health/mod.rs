@@ -118,19 +118,38 @@ impl Prober {
             .set_peers(peers, Instant::now());
     }
 
-    /// Every peer's health, by subnet.
-    pub(crate) fn peers(&self) -> Vec<PeerHealth> {
+    /// Peer changes, one by one (the full set comes with
+    /// [`Prober::set_peers`] once the peer table is complete).
+    pub(crate) fn apply(&self, updates: &[crate::dataplane::PeerUpdate]) {
+        let now = Instant::now();
+        let mut t = self.shared.table.lock().expect("prober lock");
+        for u in updates {
+            match u {
+                crate::dataplane::PeerUpdate::Upsert(p) => t.upsert(p.subnet, p.vtep, now),
+                crate::dataplane::PeerUpdate::Remove(s) => t.remove(s),
+            }
+        }
+    }
+
+    /// The peers' health, by subnet: all of them up to `limit`; beyond,
+    /// those not reachable first (a report of 50,000 peers helps nobody).
+    pub(crate) fn peers(&self, limit: usize) -> Vec<PeerHealth> {
         let t = self.shared.table.lock().expect("prober lock");
+        let all = t.len() <= limit;
         let mut out: Vec<PeerHealth> = t
             .peers()
+            .filter(|(_, e)| all || e.state != State::Reachable)
             .map(|(s, e)| PeerHealth {
                 subnet: *s,
                 vtep: e.vtep,
                 state: e.state,
                 rtt: e.rtt,
-                last_error: e.last_error.clone(),
+                last_error: e.last_error.as_ref().map(ToString::to_string),
             })
             .collect();
+        drop(t);
+        out.sort_by_key(|p| (p.state, p.subnet));
+        out.truncate(limit);
         out.sort_by_key(|p| p.subnet);
         out
     }

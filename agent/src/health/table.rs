@@ -5,13 +5,15 @@
 //! Each peer is probed once a period: the probe interval, or longer where
 //! the peers are too many for the rate bound (`peers / rate` seconds), so
 //! a node never sends more than `rate` probes a second however large the
-//! cluster. New peers are spread over the first period. A probe not
+//! cluster. New peers are spread over the first period (a jitter of their
+//! own). The schedule is ordered by time, so each step costs the log of
+//! the peers, not the peers: 50,000 of them cost nothing between probes. A probe not
 //! answered within the timeout is a miss; a miss is retried half a second
 //! later, and the third miss in a row makes the peer unreachable (one lost
 //! packet does not). An answer makes it reachable again.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap, VecDeque},
     net::IpAddr,
     time::{Duration, Instant},
 };
@@ -24,12 +26,12 @@ pub(crate) const MISSES: u8 = 3;
 pub(crate) const RETRY: Duration = Duration::from_millis(500);
 
 /// A peer's state, as the probes found it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum State {
+    Unreachable,
     /// Not answered nor missed enough yet.
     Unknown,
     Reachable,
-    Unreachable,
 }
 
 impl State {
@@ -42,21 +44,35 @@ impl State {
     }
 }
 
+/// Why the last probe failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Miss {
+    NoAnswer(Duration),
+    NotSent(Box<str>),
+}
+
+impl std::fmt::Display for Miss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Miss::NoAnswer(t) => write!(f, "no answer within {t:?}"),
+            Miss::NotSent(why) => write!(f, "not sent: {why}"),
+        }
+    }
+}
+
 /// One peer's record.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
     pub vtep: IpAddr,
-    /// What is probed: the peer's overlay address (its subnet's network
-    /// address, held by its overlay device), reached through the tunnel.
-    pub target: IpAddr,
     pub state: State,
     misses: u8,
     /// The last answered probe's round trip.
     pub rtt: Option<Duration>,
-    pub last_error: Option<String>,
-    next: Instant,
-    /// The probe in flight: its sequence number and when it left.
-    outstanding: Option<(u16, Instant)>,
+    pub last_error: Option<Miss>,
+    /// When the next probe is due; while one is in flight, when it left.
+    at: Instant,
+    /// The probe in flight, by sequence number.
+    in_flight: Option<u16>,
 }
 
 /// Probes sent, by what became of them.
@@ -68,12 +84,16 @@ pub(crate) struct Tally {
     pub failed: u64,
 }
 
-/// Every peer's record, and the probes in flight.
+/// Every peer's record, the schedule, and the probes in flight.
 pub(crate) struct Table {
     interval: Duration,
     rate: f64,
     timeout: Duration,
     peers: HashMap<IpNet, Entry>,
+    /// Peers not in flight, by when their next probe is due.
+    schedule: BTreeSet<(Instant, IpNet)>,
+    /// Probes in the order they left (their timeouts come in that order).
+    in_flight: VecDeque<(u16, IpNet, Instant)>,
     by_seq: HashMap<u16, IpNet>,
     seq: u16,
     pub tally: Tally,
@@ -88,6 +108,8 @@ impl Table {
             rate: rate.max(0.1),
             timeout,
             peers: HashMap::new(),
+            schedule: BTreeSet::new(),
+            in_flight: VecDeque::new(),
             by_seq: HashMap::new(),
             seq: 0,
             tally: Tally::default(),
@@ -102,82 +124,140 @@ impl Table {
         self.interval.max(spread)
     }
 
-    /// The peers are now `peers` (subnet, VTEP): new ones get a slot
-    /// spread over the first period, gone ones are forgotten.
+    /// The peers are now `peers` (subnet, VTEP): gone ones are forgotten,
+    /// the others as [`Table::upsert`].
     pub(crate) fn set_peers(&mut self, peers: &[(IpNet, IpAddr)], now: Instant) {
         let keep: std::collections::HashSet<IpNet> = peers.iter().map(|(s, _)| *s).collect();
-        self.peers.retain(|s, _| keep.contains(s));
-        self.by_seq.retain(|_, s| keep.contains(s));
-        let n = peers.len().max(1) as u64;
-        let period = self
-            .interval
-            .max(Duration::from_secs_f64(n as f64 / self.rate));
-        for (i, (subnet, vtep)) in peers.iter().enumerate() {
-            match self.peers.get_mut(subnet) {
-                Some(e) if e.vtep == *vtep => {}
-                Some(e) => {
-                    // A new VTEP is a new path: start over.
-                    e.vtep = *vtep;
-                    e.state = State::Unknown;
-                    e.misses = 0;
-                    e.next = now;
+        let gone: Vec<IpNet> = self
+            .peers
+            .keys()
+            .filter(|s| !keep.contains(s))
+            .copied()
+            .collect();
+        for s in gone {
+            self.remove(&s);
+        }
+        for (subnet, vtep) in peers {
+            self.upsert(*subnet, *vtep, now);
+        }
+    }
+
+    /// A peer added (its first probe at a slot of its own within the
+    /// period) or changed (a new VTEP is a new path: probed now, from
+    /// scratch).
+    pub(crate) fn upsert(&mut self, subnet: IpNet, vtep: IpAddr, now: Instant) {
+        if let Some(e) = self.peers.get(&subnet) {
+            if e.vtep == vtep {
+                return;
+            }
+            self.remove(&subnet);
+            self.insert(subnet, vtep, now);
+            return;
+        }
+        let period = self.period();
+        self.insert(subnet, vtep, now + period.mul_f64(jitter(&subnet)));
+    }
+
+    fn insert(&mut self, subnet: IpNet, vtep: IpAddr, at: Instant) {
+        self.peers.insert(
+            subnet,
+            Entry {
+                vtep,
+                state: State::Unknown,
+                misses: 0,
+                rtt: None,
+                last_error: None,
+                at,
+                in_flight: None,
+            },
+        );
+        self.schedule.insert((at, subnet));
+    }
+
+    /// A peer gone.
+    pub(crate) fn remove(&mut self, subnet: &IpNet) {
+        if let Some(e) = self.peers.remove(subnet) {
+            match e.in_flight {
+                Some(seq) => {
+                    self.by_seq.remove(&seq);
                 }
                 None => {
-                    let slot = period.mul_f64(spread(subnet, i as u64, n));
-                    self.peers.insert(
-                        *subnet,
-                        Entry {
-                            vtep: *vtep,
-                            target: subnet.network(),
-                            state: State::Unknown,
-                            misses: 0,
-                            rtt: None,
-                            last_error: None,
-                            next: now + slot,
-                            outstanding: None,
-                        },
-                    );
+                    self.schedule.remove(&(e.at, *subnet));
                 }
             }
+        }
+    }
+
+    /// The probe in flight as `seq` to `subnet`, taken out of flight.
+    fn land(&mut self, seq: u16) -> Option<(IpNet, Instant)> {
+        let subnet = self.by_seq.remove(&seq)?;
+        let e = self.peers.get_mut(&subnet)?;
+        if e.in_flight != Some(seq) {
+            return None;
+        }
+        e.in_flight = None;
+        Some((subnet, e.at))
+    }
+
+    fn reschedule(&mut self, subnet: IpNet, at: Instant) {
+        if let Some(e) = self.peers.get_mut(&subnet) {
+            e.at = at;
+            self.schedule.insert((at, subnet));
         }
     }
 
     /// Misses for probes whose time is up.
     pub(crate) fn expire(&mut self, now: Instant) {
-        let timeout = self.timeout;
-        let period = self.period();
-        let mut lost = 0;
-        for e in self.peers.values_mut() {
-            if let Some((seq, sent)) = e.outstanding
-                && now.duration_since(sent) >= timeout
-            {
-                e.outstanding = None;
-                self.by_seq.remove(&seq);
-                lost += 1;
-                miss(e, now, period, format!("no answer within {timeout:?}"));
+        while let Some((seq, subnet, sent)) = self.in_flight.front().copied() {
+            if now.duration_since(sent) < self.timeout {
+                break;
+            }
+            self.in_flight.pop_front();
+            if self.by_seq.get(&seq) != Some(&subnet) {
+                continue; // answered, or the peer is gone
+            }
+            if self.land(seq).is_some() {
+                self.tally.lost += 1;
+                self.miss(subnet, now, Miss::NoAnswer(self.timeout));
             }
         }
-        self.tally.lost += lost;
+    }
+
+    fn miss(&mut self, subnet: IpNet, now: Instant, why: Miss) {
+        let period = self.period();
+        let Some(e) = self.peers.get_mut(&subnet) else {
+            return;
+        };
+        e.misses = e.misses.saturating_add(1);
+        e.last_error = Some(why);
+        let at = if e.misses >= MISSES {
+            e.state = State::Unreachable;
+            now + period
+        } else {
+            now + RETRY
+        };
+        self.reschedule(subnet, at);
     }
 
     /// Up to `budget` probes whose time has come: (subnet, target, seq),
-    /// each now in flight.
+    /// each now in flight. The target is the peer's overlay address (its
+    /// subnet's network address, which its overlay device holds).
     pub(crate) fn due(&mut self, now: Instant, budget: usize) -> Vec<(IpNet, IpAddr, u16)> {
-        let mut ready: Vec<(Instant, IpNet)> = self
-            .peers
-            .iter()
-            .filter(|(_, e)| e.outstanding.is_none() && e.next <= now)
-            .map(|(s, e)| (e.next, *s))
-            .collect();
-        ready.sort();
-        ready.truncate(budget);
-        let mut out = Vec::with_capacity(ready.len());
-        for (_, subnet) in ready {
+        let mut out = Vec::new();
+        while out.len() < budget {
+            match self.schedule.first() {
+                Some((at, _)) if *at <= now => {}
+                _ => break,
+            }
+            let (_, subnet) = self.schedule.pop_first().expect("looked at above");
             let seq = self.next_seq();
-            let e = self.peers.get_mut(&subnet).expect("listed above");
-            e.outstanding = Some((seq, now));
-            self.by_seq.insert(seq, subnet);
-            out.push((subnet, e.target, seq));
+            if let Some(e) = self.peers.get_mut(&subnet) {
+                e.in_flight = Some(seq);
+                e.at = now;
+                self.by_seq.insert(seq, subnet);
+                self.in_flight.push_back((seq, subnet, now));
+                out.push((subnet, subnet.network(), seq));
+            }
         }
         out
     }
@@ -193,56 +273,53 @@ impl Table {
 
     /// The probe `seq` was answered by `from`.
     pub(crate) fn answered(&mut self, seq: u16, from: IpAddr, now: Instant) {
-        let Some(subnet) = self.by_seq.get(&seq).copied() else {
+        match self.by_seq.get(&seq) {
+            Some(subnet) if subnet.network() == from => {}
+            _ => return,
+        }
+        let Some((subnet, sent)) = self.land(seq) else {
             return;
         };
         let period = self.period();
-        let Some(e) = self.peers.get_mut(&subnet) else {
-            return;
-        };
-        if e.target != from {
-            return;
-        }
-        self.by_seq.remove(&seq);
-        let Some((_, sent)) = e.outstanding.take() else {
-            return;
-        };
         let rtt = now.duration_since(sent);
-        e.rtt = Some(rtt);
-        e.state = State::Reachable;
-        e.misses = 0;
-        e.last_error = None;
-        e.next = now + period;
+        if let Some(e) = self.peers.get_mut(&subnet) {
+            e.rtt = Some(rtt);
+            e.state = State::Reachable;
+            e.misses = 0;
+            e.last_error = None;
+        }
+        self.reschedule(subnet, now + period);
         self.tally.answered += 1;
         self.rtts.push(rtt);
     }
 
     /// The probe `seq` could not be sent.
     pub(crate) fn failed(&mut self, seq: u16, why: String, now: Instant) {
-        let Some(subnet) = self.by_seq.remove(&seq) else {
-            return;
-        };
-        let period = self.period();
-        if let Some(e) = self.peers.get_mut(&subnet) {
-            e.outstanding = None;
+        if let Some((subnet, _)) = self.land(seq) {
             self.tally.failed += 1;
-            miss(e, now, period, why);
+            self.miss(subnet, now, Miss::NotSent(why.into()));
         }
     }
 
     /// When the next probe is due or the next one in flight times out.
     pub(crate) fn next_event(&self) -> Option<Instant> {
-        self.peers
-            .values()
-            .map(|e| match e.outstanding {
-                Some((_, sent)) => sent + self.timeout,
-                None => e.next,
-            })
-            .min()
+        let due = self.schedule.first().map(|(at, _)| *at);
+        let timeout = self
+            .in_flight
+            .front()
+            .map(|(_, _, sent)| *sent + self.timeout);
+        match (due, timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     pub(crate) fn peers(&self) -> impl Iterator<Item = (&IpNet, &Entry)> {
         self.peers.iter()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.peers.len()
     }
 
     /// (reachable, unreachable, unknown).
@@ -259,25 +336,13 @@ impl Table {
     }
 }
 
-fn miss(e: &mut Entry, now: Instant, period: Duration, why: String) {
-    e.misses = e.misses.saturating_add(1);
-    e.last_error = Some(why);
-    if e.misses >= MISSES {
-        e.state = State::Unreachable;
-        e.next = now + period;
-    } else {
-        e.next = now + RETRY;
-    }
-}
-
-/// Where in the period the `i`-th of `n` new peers goes: evenly spaced,
-/// shifted by a per-subnet jitter so that nodes do not probe in step.
-fn spread(subnet: &IpNet, i: u64, n: u64) -> f64 {
+/// Where in the period a new peer's first probe goes: a fraction of its
+/// own, so that peers and nodes do not probe in step.
+fn jitter(subnet: &IpNet) -> f64 {
     use std::hash::{BuildHasher as _, Hasher as _};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write(subnet.to_string().as_bytes());
-    let jitter = (h.finish() % 1000) as f64 / 1000.0;
-    ((i as f64 + jitter) / n as f64).min(1.0)
+    (h.finish() % 10_000) as f64 / 10_000.0
 }
 
 #[cfg(test)]
@@ -350,7 +415,13 @@ mod tests {
         // Its slot (within the first period), then two retries a second
         // after each timeout.
         assert_eq!(e.state, State::Unreachable);
-        assert!(e.last_error.as_deref().unwrap().contains("no answer"));
+        assert!(
+            e.last_error
+                .as_ref()
+                .unwrap()
+                .to_string()
+                .contains("no answer")
+        );
         assert_eq!(t.counts(), (1, 1, 0));
         assert!(t.tally.lost >= 3);
         drive(&mut t, start + Duration::from_secs(20), 11, 20.0, |_| true);
@@ -384,5 +455,40 @@ mod tests {
         t.answered(seq, target, later);
         assert_eq!(t.counts(), (0, 0, 0));
         assert_eq!(t.tally.answered, 0);
+    }
+
+    #[test]
+    fn peers_come_and_go_one_by_one() {
+        let start = Instant::now();
+        let mut t = Table::new(Duration::from_secs(1), 20.0, Duration::from_secs(1));
+        let p = peers(2);
+        for (s, v) in &p {
+            t.upsert(*s, *v, start);
+        }
+        let now = start + Duration::from_secs(2);
+        let due = t.due(now, 10);
+        assert_eq!(due.len(), 2);
+        let seq_of = |s: IpNet| due.iter().find(|d| d.0 == s).unwrap().2;
+        // Gone while its probe is in flight: its answer and its timeout
+        // count for nothing.
+        t.remove(&p[0].0);
+        t.answered(seq_of(p[0].0), p[0].0.network(), now);
+        t.answered(seq_of(p[1].0), p[1].0.network(), now);
+        assert_eq!(t.counts(), (1, 0, 0));
+        t.expire(now + Duration::from_secs(5));
+        assert_eq!(
+            t.tally,
+            Tally {
+                answered: 1,
+                lost: 0,
+                failed: 0
+            }
+        );
+        // A new VTEP is a new path: unknown again, and probed at once.
+        let later = now + Duration::from_secs(5);
+        t.upsert(p[1].0, IpAddr::from([198, 18, 9, 9]), later);
+        assert_eq!(t.counts(), (0, 0, 1));
+        assert_eq!(t.due(later, 10).len(), 1);
+        assert_eq!(t.len(), 1);
     }
 }
