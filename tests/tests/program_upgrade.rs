@@ -107,7 +107,13 @@ fn a_faulty_upgrade_is_refused_a_good_one_swapped_and_rolled_back_without_loss()
             status.contains("UPGRADE REFUSED") && status.contains("failed: weft_decap"),
             "{status}"
         );
-        assert!(n.agent.log().contains("upgrade refused"), "the log says so");
+        let log = n.agent.log();
+        let case = log
+            .lines()
+            .find(|l| l.contains("failed a self-test case"))
+            .unwrap_or_else(|| panic!("the log names the failing cases: {log}"));
+        println!("{case}");
+        assert!(log.contains("upgrade refused"), "the log says so");
     }
     traffic.none_lost("a refused upgrade");
 
@@ -221,4 +227,48 @@ fn an_upgrade_that_loses_the_peers_is_rolled_back_by_the_agent() {
     std::thread::sleep(weft_tests::scaled(Duration::from_secs(3)));
     assert_eq!(link_programs(n), first);
     assert!(c.all_pairs_reach().is_ok());
+}
+
+/// A build whose programs fail the self-test and whose maps would not fit
+/// the running ones (another capacity here) stands down: the agent exits
+/// saying so (a DaemonSet's rolling update stalls on it), and the running
+/// programs keep their maps and go on forwarding.
+#[test]
+fn a_failing_build_that_needs_other_maps_stands_down() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    c.wait_meshed(T);
+    let first = link_programs(&c.nodes[1]);
+    let peers = c.nodes[1]
+        .pins
+        .path()
+        .join(format!("maps-v{}", dataplane_common::LAYOUT_VERSION))
+        .join("WEFT_PEERS");
+    let capacity = |pin: &Path| {
+        let out = run(
+            "bpftool",
+            &["-j", "map", "show", "pinned", pin.to_str().unwrap()],
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["max_entries"].as_u64().unwrap()
+    };
+    let before = capacity(&peers);
+    let n = &mut c.nodes[1];
+    n.agent.args_mut().extend(
+        ["--inject-fault", "decap", "--max-peers", "1024"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    n.agent.restart().unwrap();
+    let n = &c.nodes[1];
+    eventually("the agent stands down", T, || {
+        n.agent
+            .log()
+            .contains("this agent stands down")
+            .then_some(())
+    });
+    eventually("the agent exits", T, || (!n.agent.running()).then_some(()));
+    assert_eq!(link_programs(n), first, "the running programs stay");
+    assert_eq!(capacity(&peers), before, "their maps stay as they were");
+    assert!(c.all_pairs_reach().is_ok(), "and they forward");
 }

@@ -410,6 +410,8 @@ impl Agent {
             self.metrics.set_peers(self.dataplane.peer_count() as u64);
             if let Some(p) = &self.prober {
                 p.set_peers(&self.dataplane.peer_targets());
+                // The full list was built for this: give it back.
+                crate::sys::memory::give_back();
             }
         }
         Ok(out.lost)

@@ -136,6 +136,7 @@ impl Prober {
     pub(crate) fn peers(&self, limit: usize) -> Vec<PeerHealth> {
         let t = self.shared.table.lock().expect("prober lock");
         let all = t.len() <= limit;
+        let timeout = t.timeout();
         let mut out: Vec<PeerHealth> = t
             .peers()
             .filter(|(_, e)| all || e.state != State::Reachable)
@@ -143,8 +144,8 @@ impl Prober {
                 subnet: *s,
                 vtep: e.vtep,
                 state: e.state,
-                rtt: e.rtt,
-                last_error: e.last_error.as_ref().map(ToString::to_string),
+                rtt: e.rtt(),
+                last_error: e.last_error.as_ref().map(|m| m.describe(timeout)),
             })
             .collect();
         drop(t);
@@ -338,7 +339,7 @@ impl HealthView {
                 "# HELP weft_peer_rtt_last_seconds The peer's last answered probe's round trip.\n# TYPE weft_peer_rtt_last_seconds gauge"
             );
             for (subnet, e) in &peers {
-                if let Some(r) = e.rtt {
+                if let Some(r) = e.rtt() {
                     let _ = writeln!(
                         o,
                         "weft_peer_rtt_last_seconds{{subnet=\"{subnet}\",vtep=\"{}\"}} {}",

@@ -47,32 +47,40 @@ impl State {
 /// Why the last probe failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Miss {
-    NoAnswer(Duration),
+    /// Not answered within the timeout.
+    NoAnswer,
     NotSent(Box<str>),
 }
 
-impl std::fmt::Display for Miss {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Miss {
+    pub(crate) fn describe(&self, timeout: Duration) -> String {
         match self {
-            Miss::NoAnswer(t) => write!(f, "no answer within {t:?}"),
-            Miss::NotSent(why) => write!(f, "not sent: {why}"),
+            Miss::NoAnswer => format!("no answer within {timeout:?}"),
+            Miss::NotSent(why) => format!("not sent: {why}"),
         }
     }
 }
 
-/// One peer's record.
+/// One peer's record (small: a node may have 50,000 peers).
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
     pub vtep: IpAddr,
     pub state: State,
     misses: u8,
-    /// The last answered probe's round trip.
-    pub rtt: Option<Duration>,
-    pub last_error: Option<Miss>,
+    /// The probe in flight, by sequence number (0: none; never used).
+    in_flight: u16,
+    /// The last answered probe's round trip, in µs (0: none yet).
+    rtt_us: u32,
     /// When the next probe is due; while one is in flight, when it left.
     at: Instant,
-    /// The probe in flight, by sequence number.
-    in_flight: Option<u16>,
+    pub last_error: Option<Miss>,
+}
+
+impl Entry {
+    /// The last answered probe's round trip.
+    pub(crate) fn rtt(&self) -> Option<Duration> {
+        (self.rtt_us > 0).then(|| Duration::from_micros(u64::from(self.rtt_us)))
+    }
 }
 
 /// Probes sent, by what became of them.
@@ -165,10 +173,10 @@ impl Table {
                 vtep,
                 state: State::Unknown,
                 misses: 0,
-                rtt: None,
-                last_error: None,
+                in_flight: 0,
+                rtt_us: 0,
                 at,
-                in_flight: None,
+                last_error: None,
             },
         );
         self.schedule.insert((at, subnet));
@@ -177,13 +185,10 @@ impl Table {
     /// A peer gone.
     pub(crate) fn remove(&mut self, subnet: &IpNet) {
         if let Some(e) = self.peers.remove(subnet) {
-            match e.in_flight {
-                Some(seq) => {
-                    self.by_seq.remove(&seq);
-                }
-                None => {
-                    self.schedule.remove(&(e.at, *subnet));
-                }
+            if e.in_flight != 0 {
+                self.by_seq.remove(&e.in_flight);
+            } else {
+                self.schedule.remove(&(e.at, *subnet));
             }
         }
     }
@@ -192,10 +197,10 @@ impl Table {
     fn land(&mut self, seq: u16) -> Option<(IpNet, Instant)> {
         let subnet = self.by_seq.remove(&seq)?;
         let e = self.peers.get_mut(&subnet)?;
-        if e.in_flight != Some(seq) {
+        if e.in_flight != seq {
             return None;
         }
-        e.in_flight = None;
+        e.in_flight = 0;
         Some((subnet, e.at))
     }
 
@@ -218,7 +223,7 @@ impl Table {
             }
             if self.land(seq).is_some() {
                 self.tally.lost += 1;
-                self.miss(subnet, now, Miss::NoAnswer(self.timeout));
+                self.miss(subnet, now, Miss::NoAnswer);
             }
         }
     }
@@ -252,7 +257,7 @@ impl Table {
             let (_, subnet) = self.schedule.pop_first().expect("looked at above");
             let seq = self.next_seq();
             if let Some(e) = self.peers.get_mut(&subnet) {
-                e.in_flight = Some(seq);
+                e.in_flight = seq;
                 e.at = now;
                 self.by_seq.insert(seq, subnet);
                 self.in_flight.push_back((seq, subnet, now));
@@ -265,7 +270,7 @@ impl Table {
     fn next_seq(&mut self) -> u16 {
         loop {
             self.seq = self.seq.wrapping_add(1);
-            if !self.by_seq.contains_key(&self.seq) {
+            if self.seq != 0 && !self.by_seq.contains_key(&self.seq) {
                 return self.seq;
             }
         }
@@ -283,7 +288,7 @@ impl Table {
         let period = self.period();
         let rtt = now.duration_since(sent);
         if let Some(e) = self.peers.get_mut(&subnet) {
-            e.rtt = Some(rtt);
+            e.rtt_us = u32::try_from(rtt.as_micros()).unwrap_or(u32::MAX).max(1);
             e.state = State::Reachable;
             e.misses = 0;
             e.last_error = None;
@@ -316,6 +321,10 @@ impl Table {
 
     pub(crate) fn peers(&self) -> impl Iterator<Item = (&IpNet, &Entry)> {
         self.peers.iter()
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -399,7 +408,7 @@ mod tests {
         assert_eq!(t.counts(), (5, 0, 0));
         assert!(
             t.peers()
-                .all(|(_, e)| e.rtt == Some(Duration::from_millis(1)))
+                .all(|(_, e)| e.rtt() == Some(Duration::from_millis(1)))
         );
         assert_eq!(t.tally.answered as usize, sent);
     }
@@ -415,13 +424,7 @@ mod tests {
         // Its slot (within the first period), then two retries a second
         // after each timeout.
         assert_eq!(e.state, State::Unreachable);
-        assert!(
-            e.last_error
-                .as_ref()
-                .unwrap()
-                .to_string()
-                .contains("no answer")
-        );
+        assert_eq!(e.last_error, Some(Miss::NoAnswer));
         assert_eq!(t.counts(), (1, 1, 0));
         assert!(t.tally.lost >= 3);
         drive(&mut t, start + Duration::from_secs(20), 11, 20.0, |_| true);
