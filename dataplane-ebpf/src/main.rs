@@ -111,7 +111,9 @@ fn weft_decap(ctx: XdpContext) -> u32 {
 fn weft_decap_tc(ctx: TcContext) -> i32 {
     // SAFETY: the context's __sk_buff is valid for the program's run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    tc(&ctx, Unconfigured::Pass, |c, cfg| faulty(strip::tc(c, cfg), ifindex))
+    tc(&ctx, Unconfigured::Pass, |c, cfg| {
+        faulty(strip::tc(c, cfg), ifindex)
+    })
 }
 
 /// Host routing, transmit: TC ingress on the host side of each pod's veth.
