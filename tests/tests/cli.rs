@@ -40,7 +40,19 @@ fn help_and_version() {
 
 #[test]
 fn bad_flags_fail_with_a_clear_message() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &["agent", "--peer-probe-interval", "0.5"],
+            "0 (off) or between 1 and 3600 seconds",
+        ),
+        (
+            &["agent", "--peer-probe-rate", "0"],
+            "between 0.1 and 1000 probes a second",
+        ),
+        (
+            &["rollback", "--bpffs-dir", "/nonexistent/weft"],
+            "no previous programs are pinned under /nonexistent/weft/programs-previous",
+        ),
         (
             &["agent", "--datapath", "fast"],
             "invalid value 'fast' for '--datapath",
