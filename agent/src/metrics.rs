@@ -73,6 +73,8 @@ pub(crate) struct Metrics {
     upgrade_refused: AtomicBool,
     /// `weft rollback` put the previous programs back.
     rolled_back: AtomicBool,
+    /// The dataplane's programs are in (the gauges above mean something).
+    programs_known: AtomicBool,
     /// Continuous peer health, once probing.
     health: OnceLock<crate::health::HealthView>,
 }
@@ -160,14 +162,15 @@ impl Metrics {
     pub(crate) fn set_etcd_members(&self, members: Vec<(String, bool)>) {
         *self.etcd_members.lock().expect("metrics lock") = members;
     }
+    /// `selftest`: cases passed and failed, where the self-test ran.
     pub(crate) fn set_programs(
         &self,
-        passed: usize,
-        failed: usize,
+        selftest: Option<(usize, usize)>,
         refused: bool,
         rolled_back: bool,
     ) {
-        *self.selftest.lock().expect("metrics lock") = Some((passed, failed));
+        *self.selftest.lock().expect("metrics lock") = selftest;
+        self.programs_known.store(true, Relaxed);
         self.upgrade_refused.store(refused, Relaxed);
         self.rolled_back.store(rolled_back, Relaxed);
     }
@@ -372,8 +375,10 @@ impl Metrics {
             let name = "weft_selftest_cases";
             let _ = writeln!(
                 o,
-                "# HELP {name} This build's programs on the golden frames, run before any of them is attached, by result.\n# TYPE {name} gauge\n{name}{{result=\"passed\"}} {passed}\n{name}{{result=\"failed\"}} {failed}"
+                "# HELP {name} This build's programs on the golden frames, run before any of them went into running links, by result.\n# TYPE {name} gauge\n{name}{{result=\"passed\"}} {passed}\n{name}{{result=\"failed\"}} {failed}"
             );
+        }
+        if self.programs_known.load(Relaxed) {
             gauge(
                 &mut o,
                 "weft_upgrade_refused",

@@ -35,7 +35,7 @@ use crate::{
 /// Encapsulation: TC egress on the overlay device.
 #[classifier]
 fn weft_encap(ctx: TcContext) -> i32 {
-    tc(&ctx, Unconfigured::Drop, encap::encap)
+    tc(&ctx, Unconfigured::Drop, Extras::None, encap::encap)
 }
 
 /// Encapsulation over IPv6: TC egress on the IPv6 overlay device, which
@@ -51,7 +51,7 @@ fn weft_encap6(ctx: TcContext) -> i32 {
     if encap6::is_multicast(&ctx) {
         return TC_ACT_SHOT;
     }
-    tc(&ctx, Unconfigured::Drop, encap6::encap6)
+    tc(&ctx, Unconfigured::Drop, Extras::None, encap6::encap6)
 }
 
 /// What the kernel decapsulated itself: TC ingress on the vxlan device
@@ -68,9 +68,11 @@ fn weft_tunnel_rx(ctx: TcContext) -> i32 {
         Some(cfg) => encap6::tunnel_rx(&ctx, cfg),
         None => Err(Dropped::from(Reason::DropError)),
     };
-    // SAFETY: the context's __sk_buff is valid for the program's run.
-    let r = faulty(r, unsafe { (*ctx.skb.skb).ifindex });
     match r {
+        Ok(d) if d.reason != Reason::Passed && fault_on(&ctx) => {
+            count(Reason::DropError, len);
+            TC_ACT_SHOT
+        }
         Ok(d) => {
             count(d.reason, d.bytes);
             d.action
@@ -100,26 +102,20 @@ fn weft_decap(ctx: XdpContext) -> u32 {
             bytes: len,
         }),
     };
-    // SAFETY: the context's xdp_md is valid for the program's run.
-    let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
-    finish(&ctx, faulty(r, ifindex), len, xdp_action::XDP_DROP)
+    finish(&ctx, r, len, xdp_action::XDP_DROP, Extras::Decap)
 }
 
 /// Decapsulation fallback: TC ingress on the uplink, for when XDP cannot be
 /// attached (`--xdp-mode off`).
 #[classifier]
 fn weft_decap_tc(ctx: TcContext) -> i32 {
-    // SAFETY: the context's __sk_buff is valid for the program's run.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    tc(&ctx, Unconfigured::Pass, |c, cfg| {
-        faulty(strip::tc(c, cfg), ifindex)
-    })
+    tc(&ctx, Unconfigured::Pass, Extras::Decap, strip::tc)
 }
 
 /// Host routing, transmit: TC ingress on the host side of each pod's veth.
 #[classifier]
 fn weft_from_pod(ctx: TcContext) -> i32 {
-    tc(&ctx, Unconfigured::Pass, bypass::from_pod)
+    tc(&ctx, Unconfigured::Pass, Extras::Untraced, bypass::from_pod)
 }
 
 /// Host routing, receive, after XDP decapsulation: TC ingress on the
@@ -153,18 +149,29 @@ fn weft_deliver(ctx: TcContext) -> i32 {
 #[unsafe(no_mangle)]
 static FAULT: u32 = dataplane_common::FAULT_NONE;
 
-/// Decapsulation's outcome, or a drop where a decapsulation fault is set
-/// (for a frame that arrived on `ifindex`) and it would have decapsulated.
+/// Whether a decapsulation fault is set for a frame on `ctx`'s device.
+/// Read at the verdict, from the context: nothing more is kept on the
+/// stack across the program's body (the programs run close to the
+/// verifier's 512 bytes with `--trace-drops`).
 #[inline(always)]
-fn faulty<A>(r: Result<Done<A>, Dropped>, ifindex: u32) -> Result<Done<A>, Dropped> {
+fn fault_on<C: trace::Frame>(ctx: &C) -> bool {
     // SAFETY: a read of a static the loader may have set.
     let fault = unsafe { core::ptr::read_volatile(&FAULT) };
-    let on = fault == dataplane_common::FAULT_DECAP
-        || (fault == dataplane_common::FAULT_DECAP_LIVE && ifindex != LOOPBACK);
-    match r {
-        Ok(d) if on && d.reason != Reason::Passed => Err(Dropped::from(Reason::DropError)),
-        r => r,
-    }
+    fault == dataplane_common::FAULT_DECAP
+        || (fault == dataplane_common::FAULT_DECAP_LIVE && ctx.ifindex() != LOOPBACK)
+}
+
+/// What the shared wrappers do for a program beyond counting its outcome.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Extras {
+    None,
+    /// Decapsulation: its verdicts are subject to `FAULT` (what it would
+    /// have decapsulated is dropped).
+    Decap,
+    /// Its drops are counted, not traced: with the trace record
+    /// `weft_from_pod` (conntrack's lookups beside it) goes past the
+    /// verifier's 512 bytes of stack under `--trace-drops`.
+    Untraced,
 }
 
 /// The loopback device's index in every network namespace.
@@ -184,6 +191,7 @@ enum Unconfigured {
 fn tc(
     ctx: &TcContext,
     unconfigured: Unconfigured,
+    extras: Extras,
     body: impl FnOnce(&TcContext, &DataplaneConfig) -> Result<Done<i32>, Dropped>,
 ) -> i32 {
     let len = ctx.len();
@@ -196,20 +204,32 @@ fn tc(
         }),
         (None, Unconfigured::Drop) => Err(Dropped::from(Reason::DropError)),
     };
-    finish(ctx, r, len, TC_ACT_SHOT)
+    finish(ctx, r, len, TC_ACT_SHOT, extras)
 }
 
 /// Counts the outcome of a program body once and returns its action.
 #[inline(always)]
-fn finish<C: trace::Frame, A>(ctx: &C, r: Result<Done<A>, Dropped>, len: u32, drop: A) -> A {
+fn finish<C: trace::Frame, A>(
+    ctx: &C,
+    r: Result<Done<A>, Dropped>,
+    len: u32,
+    drop: A,
+    extras: Extras,
+) -> A {
     match r {
+        Ok(d) if extras == Extras::Decap && d.reason != Reason::Passed && fault_on(ctx) => {
+            count(Reason::DropError, len);
+            drop
+        }
         Ok(d) => {
             count(d.reason, d.bytes);
             d.action
         }
         Err(d) => {
             count(d.reason, len);
-            trace::dropped(ctx, &d);
+            if extras != Extras::Untraced {
+                trace::dropped(ctx, &d);
+            }
             drop
         }
     }

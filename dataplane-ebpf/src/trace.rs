@@ -11,20 +11,30 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 
 use crate::{packet::read, verdict::Dropped};
 
-/// The packet's bounds, for the programs' contexts.
+/// The packet's bounds and device, for the programs' contexts.
 pub(crate) trait Frame: EbpfContext {
     fn bounds(&self) -> (usize, usize);
+    /// The device the frame arrived on.
+    fn ifindex(&self) -> u32;
 }
 
 impl Frame for TcContext {
     fn bounds(&self) -> (usize, usize) {
         (self.data(), self.data_end())
     }
+    fn ifindex(&self) -> u32 {
+        // SAFETY: the context's __sk_buff is valid for the program's run.
+        unsafe { (*self.skb.skb).ifindex }
+    }
 }
 
 impl Frame for XdpContext {
     fn bounds(&self) -> (usize, usize) {
         (self.data(), self.data_end())
+    }
+    fn ifindex(&self) -> u32 {
+        // SAFETY: the context's xdp_md is valid for the program's run.
+        unsafe { (*self.ctx).ingress_ifindex }
     }
 }
 

@@ -470,6 +470,17 @@ fn dropped_packets_are_traced_on_request() {
         !c.nodes[1].agent.log().contains("dropped ("),
         "no trace without --trace-drops"
     );
+    // Every program loads with the trace on: a restart's self-test loads
+    // them all, as the installed generation does.
+    let n1 = &mut c.nodes[0];
+    n1.agent.restart().unwrap();
+    n1.wait_dataplane_up(T);
+    let log = n1.agent.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("self-test of this build's programs") && l.contains("failed=0")),
+        "{log}"
+    );
 }
 
 /// rp_filter is loosened only on the uplink, where decapsulated packets

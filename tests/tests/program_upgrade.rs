@@ -159,38 +159,6 @@ fn a_faulty_upgrade_is_refused_a_good_one_swapped_and_rolled_back_without_loss()
     assert!(c.all_pairs_reach().is_ok());
 }
 
-/// On a node without a dataplane, programs that fail the self-test are
-/// never attached: the agent says why and leaves nothing behind.
-#[test]
-fn programs_that_fail_the_self_test_are_never_attached() {
-    let c = WeftCluster::new(0, &[]).unwrap();
-    let node = Node::new(&c.underlay, 1).unwrap();
-    let mut s = c
-        .start_agent(node, TestPins::new(), &["--inject-fault", "decap"])
-        .unwrap();
-    eventually("the agent refuses its programs", T, || {
-        s.agent.log().contains("nothing was attached").then_some(())
-    });
-    let log = s.agent.log();
-    assert!(
-        log.contains("self-test cases (first: weft_decap"),
-        "the first failing case is named: {log}"
-    );
-    let links = s.pins.path().join("links");
-    assert!(
-        std::fs::read_dir(&links).map_or(true, |mut d| d.next().is_none()),
-        "no link pinned"
-    );
-    eventually("no overlay device left", T, || {
-        s.node
-            .ns
-            .ip(&["link", "show", "weft.1"])
-            .is_err()
-            .then_some(())
-    });
-    s.agent.kill();
-}
-
 /// Programs that pass the self-test but lose the peers on the node's real
 /// devices (a fault the golden frames cannot see) are rolled back by the
 /// agent itself: the peers that answered before the swap do not answer
@@ -271,4 +239,37 @@ fn a_failing_build_that_needs_other_maps_stands_down() {
     assert_eq!(link_programs(n), first, "the running programs stay");
     assert_eq!(capacity(&peers), before, "their maps stay as they were");
     assert!(c.all_pairs_reach().is_ok(), "and they forward");
+}
+
+/// The self-test's frames carry the node's own VNI and UDP port: on a
+/// network on VNI 4096 and UDP 4789 it passes (a frame of another VNI or
+/// port would be dropped or passed by the programs, and the cases
+/// expecting decapsulation would fail) and the nodes forward. A node's
+/// first start has nothing running to protect and runs no self-test; a
+/// restart does.
+#[test]
+fn the_self_test_speaks_the_nodes_vni_and_port() {
+    let config = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":4096,"Port":4789}}"#;
+    let mut c = WeftCluster::with_config(2, config, &[]).unwrap();
+    c.wait_meshed(T);
+    for n in c.nodes.iter_mut() {
+        n.wait_dataplane_up(T);
+        assert!(!n.agent.log().contains("self-test of this build's programs"));
+        assert!(n.series("weft_selftest_cases{result=\"passed\"}").is_none());
+        n.agent.restart().unwrap();
+    }
+    for n in &c.nodes {
+        n.wait_dataplane_up(T);
+        let log = n.agent.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("self-test of this build's programs"))
+            .unwrap_or_else(|| panic!("the self-test is logged: {log}"));
+        assert!(
+            line.contains("failed=0") && line.contains("vni=4096") && line.contains("port=4789"),
+            "{line}"
+        );
+        assert!(n.metric("weft_selftest_cases{result=\"passed\"}") > 50.0);
+    }
+    assert!(c.all_pairs_reach().is_ok());
 }

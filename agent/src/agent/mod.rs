@@ -560,9 +560,14 @@ impl Agent {
         self.metrics.set_ready(ready);
         let programs = self.dataplane.programs();
         if let Some(p) = &programs {
+            let ran = p.selftest_cases > 0 || !p.selftest_failed.is_empty();
             self.metrics.set_programs(
-                p.selftest_cases - p.selftest_failed.len().min(p.selftest_cases),
-                p.selftest_failed.len(),
+                ran.then(|| {
+                    (
+                        p.selftest_cases - p.selftest_failed.len().min(p.selftest_cases),
+                        p.selftest_failed.len(),
+                    )
+                }),
                 p.upgrade_refused,
                 p.rolled_back,
             );

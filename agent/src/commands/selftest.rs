@@ -9,7 +9,11 @@ use anyhow::{Result, bail};
 use crate::dataplane::selftest;
 
 pub(crate) fn selftest(bpffs: &Path, verbose: bool) -> Result<()> {
-    let outcomes = selftest::run(bpffs, &crate::dataplane::LoadOptions::default())?;
+    let outcomes = selftest::run(
+        bpffs,
+        &crate::dataplane::LoadOptions::default(),
+        selftest::Wire::default(),
+    )?;
     let failed: Vec<&selftest::Outcome> = outcomes.iter().filter(|o| o.failure.is_some()).collect();
     for o in &outcomes {
         match &o.failure {

@@ -288,9 +288,11 @@ fn print_programs(p: &crate::report::Programs) {
         .map(|(n, id)| format!("{n}={id}"))
         .collect::<Vec<_>>()
         .join(" ");
-    if p.selftest_failed.is_empty() {
+    if p.selftest_failed.is_empty() && p.selftest_cases == 0 {
+        println!("  programs: installed on a node without programs (no self-test)");
+    } else if p.selftest_failed.is_empty() {
         println!(
-            "  programs: self-test passed ({} cases) before they were attached",
+            "  programs: self-test passed ({} cases) before they went into the running links",
             p.selftest_cases
         );
     } else {

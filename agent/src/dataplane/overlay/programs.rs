@@ -41,7 +41,7 @@ pub(crate) struct Programs {
 /// attached, and what followed from it.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Gate {
-    /// Cases run.
+    /// Cases run (0: no self-test, on a node without programs).
     pub(crate) cases: usize,
     /// The cases that failed (`program: case: why`), or why the self-test
     /// could not run; empty: every case passed.
@@ -56,11 +56,15 @@ pub(crate) struct Gate {
 fn self_test(spec: &DataplaneSpec, opts: &LoadOptions) -> Gate {
     let root = spec.pins.root().to_path_buf();
     let opts = *opts;
+    let wire = selftest::Wire {
+        vni: spec.vni,
+        port: spec.port,
+    };
     let started = std::time::Instant::now();
     let r = spec
         .pins
         .ensure()
-        .and_then(|()| off_runtime(move || selftest::run(&root, &opts)));
+        .and_then(|()| off_runtime(move || selftest::run(&root, &opts, wire)));
     let gate = match r {
         Ok(outcomes) => Gate {
             cases: outcomes.len(),
@@ -83,6 +87,8 @@ fn self_test(spec: &DataplaneSpec, opts: &LoadOptions) -> Gate {
     tracing::info!(
         cases = gate.cases,
         failed = gate.failed.len(),
+        vni = wire.vni,
+        port = wire.port,
         took = ?started.elapsed(),
         "self-test of this build's programs"
     );
@@ -90,34 +96,33 @@ fn self_test(spec: &DataplaneSpec, opts: &LoadOptions) -> Gate {
 }
 
 impl Programs {
-    /// Runs this build's programs through the self-test, then loads them,
-    /// reusing pinned maps of the right layout; returns the pinned maps
-    /// this load replaced. Programs that pass become the installed
-    /// generation (attached by [`Programs::attach`]). Programs that fail
-    /// are never attached: on a node without a dataplane that is an error;
-    /// where programs run already, they keep running if their maps fit
-    /// this build (then the agent goes on with them and reports the
-    /// refusal), else the agent stands down with an error and leaves
-    /// programs and maps as they are.
+    /// Loads this build's programs, reusing pinned maps of the right
+    /// layout; returns the pinned maps this load replaced. Where programs
+    /// run already (`adopting`: an upgrade or a restart), this build's go
+    /// through the self-test first: programs that pass become the
+    /// installed generation (attached by [`Programs::attach`]); programs
+    /// that fail are never attached: the running ones keep running if
+    /// their maps fit this build (then the agent goes on with them and
+    /// reports the refusal), else the agent stands down with an error and
+    /// leaves programs and maps as they are. On a node without programs
+    /// nothing carries traffic yet: they are installed at once (the
+    /// verifier still checks them as it loads them).
     pub(super) fn load(spec: &DataplaneSpec, adopting: bool) -> Result<(Self, Vec<Replaced>)> {
         let opts = LoadOptions {
             trace_drops: spec.trace_drops,
             max_peers: spec.max_peers,
             fault: spec.fault,
         };
-        let mut gate = self_test(spec, &opts);
+        let mut gate = if adopting {
+            self_test(spec, &opts)
+        } else {
+            Gate::default()
+        };
         if !gate.failed.is_empty() {
             for f in &gate.failed {
                 tracing::error!(case = %f, "this build's programs failed a self-test case");
             }
             let first = &gate.failed[0];
-            if !adopting {
-                bail!(
-                    "this build's programs failed {} of {} self-test cases (first: {first}): nothing was attached",
-                    gate.failed.len(),
-                    gate.cases
-                );
-            }
             if !loader::maps_fit(&spec.pins, &opts)? {
                 bail!(
                     "this build's programs failed {} of {} self-test cases (first: {first}) and need another map layout: the running programs keep their maps, and this agent stands down",

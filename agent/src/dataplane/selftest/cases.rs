@@ -87,9 +87,9 @@ fn routed_frame(ip: Ip) -> Vec<u8> {
 fn vxlan4(outer_src: IpAddr, inner: Ip) -> Vxlan {
     Vxlan {
         outer: Ip::udp(outer_src, IpAddr::V4(fx::LOCAL4)),
-        port: fx::PORT,
+        port: fx::port(),
         flags: 0x08,
-        vni: fx::VNI,
+        vni: fx::vni(),
         inner_dst_mac: fx::VTEP_MAC,
         inner_src_mac: fx::PEER4_MAC,
         inner,
@@ -99,9 +99,9 @@ fn vxlan4(outer_src: IpAddr, inner: Ip) -> Vxlan {
 fn vxlan6(outer_src: IpAddr, inner: Ip) -> Vxlan {
     Vxlan {
         outer: Ip::udp(outer_src, IpAddr::V6(fx::LOCAL6)),
-        port: fx::PORT,
+        port: fx::port(),
         flags: 0x08,
-        vni: fx::VNI,
+        vni: fx::vni(),
         inner_dst_mac: fx::VTEP6_MAC,
         inner_src_mac: fx::PEER6_MAC,
         inner,
@@ -128,10 +128,10 @@ fn encapsulated4(frame: &[u8], peer_mac: MacAddr, vtep: std::net::Ipv4Addr) -> E
     f.extend_from_slice(&fx::LOCAL4.octets());
     f.extend_from_slice(&vtep.octets());
     f.extend_from_slice(&[0, 0]);
-    f.extend_from_slice(&fx::PORT.to_be_bytes());
+    f.extend_from_slice(&fx::port().to_be_bytes());
     f.extend_from_slice(&(ip_len - IPV4_LEN as u16).to_be_bytes());
     f.extend_from_slice(&[0, 0, 0x08, 0, 0, 0]);
-    f.extend_from_slice(&(fx::VNI << 8).to_be_bytes());
+    f.extend_from_slice(&(fx::vni() << 8).to_be_bytes());
     f.extend_from_slice(&pk::eth(peer_mac, fx::VTEP_MAC, pk::ETH_P_IP));
     f.extend_from_slice(inner);
     Expect {
@@ -249,7 +249,7 @@ fn hostile4() -> Vec<(&'static str, Vec<u8>, Reason)> {
     let peer = IpAddr::V4(fx::PEER4);
     let good = || vxlan4(peer, Ip::udp(fx::peer4_pod(7), fx::own4(5)));
     let mut wrong_vni = good();
-    wrong_vni.vni = 2;
+    wrong_vni.vni = fx::vni() ^ 1;
     let mut no_i_flag = good();
     no_i_flag.flags = 0;
     let stranger = vxlan4(
@@ -371,7 +371,7 @@ fn hostile6() -> Vec<(&'static str, Vec<u8>, Reason)> {
     let peer = IpAddr::V6(fx::PEER6);
     let good = || vxlan6(peer, Ip::udp(fx::peer6_pod(7), fx::own6(5)));
     let mut wrong_vni = good();
-    wrong_vni.vni = 7;
+    wrong_vni.vni = fx::vni() ^ 6;
     let stranger = vxlan6(
         IpAddr::V6(fx::STRANGER6),
         Ip::udp(fx::peer6_pod(7), fx::own6(5)),

@@ -16,8 +16,40 @@ use crate::{
     mac::MacAddr,
 };
 
-pub(super) const VNI: u32 = 1;
-pub(super) const PORT: u16 = 8472;
+/// The node's VXLAN settings the frames carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Wire {
+    pub vni: u32,
+    pub port: u16,
+}
+
+impl Default for Wire {
+    /// flannel's defaults.
+    fn default() -> Self {
+        Self {
+            vni: dataplane_common::DEFAULT_VNI,
+            port: 8472,
+        }
+    }
+}
+
+std::thread_local! {
+    /// The VNI and port of the node the self-test runs for (set by
+    /// [`super::run`] on the thread that builds and runs the cases).
+    static WIRE: std::cell::Cell<Wire> = std::cell::Cell::new(Wire::default());
+}
+
+pub(super) fn set_wire(w: Wire) {
+    WIRE.with(|c| c.set(w));
+}
+
+pub(super) fn vni() -> u32 {
+    WIRE.with(|c| c.get().vni)
+}
+
+pub(super) fn port() -> u16 {
+    WIRE.with(|c| c.get().port)
+}
 pub(super) const UPLINK_MTU: u32 = 1500;
 /// The interface the kernel runs test frames on: loopback, which the
 /// fixture also takes as the pod's veth and the uplink.
@@ -94,8 +126,8 @@ pub(super) fn config(mode: Mode) -> DataplaneConfig {
     let mut mask6 = [0u8; 16];
     mask6[..8].fill(0xff);
     DataplaneConfig {
-        vni: VNI,
-        port: PORT,
+        vni: vni(),
+        port: port(),
         local_addr_be: u32::from_ne_bytes(LOCAL4.octets()),
         uplink_ifindex: IFINDEX,
         uplink_mtu: UPLINK_MTU,

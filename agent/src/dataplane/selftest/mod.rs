@@ -33,10 +33,17 @@ pub(crate) struct Outcome {
     pub failure: Option<String>,
 }
 
+pub(crate) use fixture::Wire;
+
 /// Runs every golden case with the programs of this binary, loaded with
-/// `opts` (as the agent loads them), in a private pin directory under
-/// `bpffs` (a mounted bpf filesystem), removed after.
-pub(crate) fn run(bpffs: &Path, opts: &LoadOptions) -> Result<Vec<Outcome>> {
+/// `opts` (as the agent loads them), their frames carrying the node's VNI
+/// and port (`wire`), in a private pin directory under `bpffs` (a mounted
+/// bpf filesystem), removed after. The rest of the fixture's node is
+/// fixed: addresses from the documentation ranges (a test frame can never
+/// pass for traffic), and a 1500-byte uplink (a test run takes a frame of
+/// one page at most).
+pub(crate) fn run(bpffs: &Path, opts: &LoadOptions, wire: Wire) -> Result<Vec<Outcome>> {
+    fixture::set_wire(wire);
     let dir = Private::create(bpffs)?;
     // The maps are the self-test's own: the default capacity will do.
     let opts = LoadOptions {
