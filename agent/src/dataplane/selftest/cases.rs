@@ -312,7 +312,8 @@ fn decap_xdp() -> Vec<Case> {
     let mut ecn_out = stripped_xdp(&ecn);
     pk::mark_ce(&mut ecn_out.frame, ETH_LEN);
     let mut other_port = good.clone();
-    other_port.port = 4789;
+    // The IANA VXLAN port, unless that is the node's own.
+    other_port.port = if fx::port() == 4789 { 8472 } else { 4789 };
     let v6 = vxlan6(
         IpAddr::V6(fx::PEER6),
         Ip::udp(fx::peer6_pod(7), fx::own6(5)),
