@@ -124,16 +124,47 @@ fn timeout_of(line: &str) -> u64 {
 
 /// The JSON report of an iperf3 client run for `secs`; fails (killing it)
 /// if it has not finished 30 s after it should have: a client whose flow
-/// died waits forever.
+/// died waits forever. A client that has written its whole report is
+/// done, whether or not it exits (iperf3 at times does not, after a long
+/// `-R` UDP test): its report is taken and it is killed.
 fn report(mut iperf: std::process::Child, secs: u64) -> serde_json::Value {
+    let out = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let mut stdout = iperf.stdout.take().expect("piped stdout");
+    let reader = {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                out.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    let complete = || {
+        serde_json::from_slice::<serde_json::Value>(&out.lock().unwrap())
+            .ok()
+            .filter(|v| v["end"].is_object())
+    };
     let deadline = Instant::now() + Duration::from_secs(secs + 30);
-    while iperf.try_wait().unwrap().is_none() {
+    loop {
+        if iperf.try_wait().unwrap().is_some() {
+            break;
+        }
+        if let Some(v) = complete() {
+            println!("iperf3 wrote its whole report and has not exited: killed");
+            let _ = iperf.kill();
+            let _ = iperf.wait();
+            return v;
+        }
         if Instant::now() > deadline {
             let _ = iperf.kill();
-            let out = iperf.wait_with_output().unwrap();
+            let _ = iperf.wait();
+            let _ = reader.join();
             panic!(
                 "iperf3 hung (its flow died): {}",
-                String::from_utf8_lossy(&out.stdout)
+                String::from_utf8_lossy(&out.lock().unwrap())
                     .lines()
                     .filter(|l| l.contains("\"bytes\""))
                     .take(120)
@@ -143,13 +174,13 @@ fn report(mut iperf: std::process::Child, secs: u64) -> serde_json::Value {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let out = iperf.wait_with_output().unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "iperf3 gave no report ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    let _ = reader.join();
+    let mut err = String::new();
+    if let Some(mut e) = iperf.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let text = out.lock().unwrap().clone();
+    serde_json::from_slice(&text).unwrap_or_else(|e| panic!("iperf3 gave no report ({e}): {err}"))
 }
 
 /// The bytes of each 1-second interval of an iperf3 JSON report.
@@ -312,8 +343,20 @@ fn a_long_udp_stream_towards_a_client_behind_default_deny() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(secs * 7 / 9));
+    std::thread::sleep(Duration::from_secs(secs / 3));
+    println!(
+        "tcp at {}s: {:?}",
+        secs / 3,
+        conntrack(&a.node.ns, "tcp", 5202)
+    );
+    std::thread::sleep(Duration::from_secs(secs * 7 / 9 - secs / 3));
     let seen = conntrack(&a.node.ns, "udp", 5202);
+    println!(
+        "tcp at {}s: {:?}",
+        secs * 7 / 9,
+        conntrack(&a.node.ns, "tcp", 5202)
+    );
+    println!("udp at {}s: {seen:?}", secs * 7 / 9);
     let report = report(iperf, secs);
     assert_no_stall("UDP", &intervals(&report), secs);
     assert_eq!(
