@@ -8,8 +8,6 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use weft_tests::{
     agent::eventually,
-    cluster::Node,
-    pins::TestPins,
     proc::run,
     traffic::{ping_outcome, ping_run, udp_stream},
     weft_cluster::{WeftCluster, WeftNode},
