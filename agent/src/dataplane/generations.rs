@@ -30,7 +30,10 @@ use aya::{
 use aya_obj::programs::XdpAttachType;
 use dataplane_common::{LAYOUT_VERSION, program_names};
 
-use super::bpffs::PinDir;
+use super::{
+    bpffs::PinDir,
+    loader::{program_info, program_name},
+};
 
 /// Every program of the object, by name; `true` for the XDP one.
 const ALL: [(&str, bool); 7] = [
@@ -139,10 +142,7 @@ pub(crate) fn running(pins: &PinDir) -> Result<Generation> {
         if path.exists() {
             continue;
         }
-        let info = aya::programs::loaded_programs()
-            .filter_map(Result::ok)
-            .find(|p| p.id() == id)
-            .ok_or_else(|| anyhow!("program {name} (id {id}) is gone"))?;
+        let info = program_info(id).ok_or_else(|| anyhow!("program {name} (id {id}) is gone"))?;
         let mut p = if *xdp {
             Program::Xdp(Xdp::from_program_info(
                 info,
@@ -163,31 +163,44 @@ pub(crate) fn running(pins: &PinDir) -> Result<Generation> {
 
 /// (program name, program id) of what each pinned link runs.
 fn linked_programs(pins: &PinDir) -> Result<Vec<(String, u32)>> {
-    let mut out = Vec::new();
-    for path in link_pins(pins)? {
-        let Ok(link) = PinnedLink::from_pin(&path) else {
-            continue;
-        };
-        let link: FdLink = link.into();
-        let Ok(info) = link.info() else { continue };
-        let id = info.program_id();
-        if let Some(name) = aya::programs::loaded_programs()
-            .filter_map(Result::ok)
-            .find(|p| p.id() == id)
-            .and_then(|p| p.name_as_str().map(str::to_string))
-        {
-            out.push((name, id));
-        }
-    }
-    Ok(out)
+    Ok(links(pins)?
+        .into_iter()
+        .map(|l| (l.program, l.program_id))
+        .collect())
 }
 
-fn link_pins(pins: &PinDir) -> Result<Vec<PathBuf>> {
-    match std::fs::read_dir(pins.links()) {
-        Ok(d) => Ok(d.filter_map(|e| e.ok().map(|e| e.path())).collect()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(e).with_context(|| format!("reading {}", pins.links().display())),
-    }
+/// A pinned link and the program it runs.
+struct Linked {
+    path: PathBuf,
+    link: FdLink,
+    program: String,
+    program_id: u32,
+}
+
+/// Every pinned link whose program is known (a link that cannot be opened
+/// or read is left out).
+fn links(pins: &PinDir) -> Result<Vec<Linked>> {
+    let paths: Vec<PathBuf> = match std::fs::read_dir(pins.links()) {
+        Ok(d) => d.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            return Err(e).with_context(|| format!("reading {}", pins.links().display()));
+        }
+    };
+    Ok(paths
+        .into_iter()
+        .filter_map(|path| {
+            let link: FdLink = PinnedLink::from_pin(&path).ok()?.into();
+            let program_id = link.info().ok()?.program_id();
+            let program = program_name(program_id)?;
+            Some(Linked {
+                path,
+                link,
+                program,
+                program_id,
+            })
+        })
+        .collect())
 }
 
 /// The ids of a generation's programs, by name.
@@ -261,19 +274,13 @@ pub(crate) fn rollback(pins: &PinDir) -> Result<Vec<Swapped>> {
     rename(&prev_dir, &cur)?;
     rename(&tmp, &prev_dir)?;
     let mut out = Vec::new();
-    for path in link_pins(pins)? {
-        let Ok(link) = PinnedLink::from_pin(&path) else {
-            continue;
-        };
-        let link: FdLink = link.into();
-        let from_id = link.info()?.program_id();
-        let Some(name) = aya::programs::loaded_programs()
-            .filter_map(Result::ok)
-            .find(|p| p.id() == from_id)
-            .and_then(|p| p.name_as_str().map(str::to_string))
-        else {
-            continue;
-        };
+    for Linked {
+        path,
+        link,
+        program: name,
+        program_id: from_id,
+    } in links(pins)?
+    {
         let Some(p) = prev.get_mut(&name) else {
             continue;
         };

@@ -72,11 +72,19 @@ pub(crate) fn pinned_program(
     ifindex: u32,
 ) -> Option<String> {
     let link = open_pinned_link(&link_pin_path(pins, hook, iface, ifindex)).ok()??;
-    let id = link.info().ok()?.program_id();
+    program_name(link.info().ok()?.program_id())
+}
+
+/// The loaded program with kernel id `id`.
+pub(crate) fn program_info(id: u32) -> Option<aya::programs::ProgramInfo> {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .find(|p| p.id() == id)
-        .and_then(|p| p.name_as_str().map(str::to_string))
+}
+
+/// The name of the loaded program with kernel id `id`.
+pub(crate) fn program_name(id: u32) -> Option<String> {
+    program_info(id).and_then(|p| p.name_as_str().map(str::to_string))
 }
 
 /// The outcome of one attach.
