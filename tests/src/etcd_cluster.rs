@@ -434,11 +434,28 @@ impl EtcdCluster {
         self.nft(i, "iifname != \"lo\" drop", "oifname != \"lo\" drop")
     }
 
-    /// Undoes [`EtcdCluster::cut_from_peers`] and [`EtcdCluster::cut_off`].
+    /// Undoes [`EtcdCluster::cut_from_peers`] and [`EtcdCluster::cut_off`],
+    /// and waits (up to 30 s) until the member serves quorum reads again,
+    /// so that what the test does next does not meet a member still
+    /// catching up with its leader.
     pub fn reconnect(&self, i: usize) -> Result<()> {
         let _ = self.members[i]
             .ns
             .exec("nft", &["delete", "table", "inet", "cut"]);
+        let ep = format!("{}://{}:2379", self.scheme, self.members[i].ip);
+        let healthy = || {
+            self.etcdctl_cmd(&ep)
+                .args(["endpoint", "health"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+                .then_some(())
+        };
+        if crate::agent::poll(Duration::from_secs(30), healthy).is_none() {
+            bail!(
+                "member m{i} is not healthy 30 s after it was reconnected; logs:\n{}",
+                self.logs()
+            );
+        }
         Ok(())
     }
 
