@@ -3,7 +3,7 @@
 use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -24,20 +24,33 @@ pub(crate) fn run(mut cmd: Command) -> Result<()> {
     Ok(())
 }
 
+/// What a run of `cargo test` left: its outcome, the lines that name a
+/// failed test (`test x ... FAILED`) and cargo's own errors, and how long
+/// each test binary ran.
+pub(crate) struct TestRun {
+    pub(crate) result: Result<()>,
+    pub(crate) failures: Vec<String>,
+    /// Each binary (`tests/x.rs`, `unittests src/main.rs`) and its time,
+    /// from its `Running` line to the next one (cargo runs them one after
+    /// another).
+    pub(crate) binaries: Vec<(String, Duration)>,
+}
+
 /// Runs a command like [`run`], echoing its output as it comes, and
-/// returns the lines that name a failed test (`test x ... FAILED`) and
-/// cargo's own errors, so that a long run can end by repeating them.
-pub(crate) fn run_collecting_failures(mut cmd: Command) -> (Result<()>, Vec<String>) {
+/// collects a [`TestRun`], so that a long run can end by repeating its
+/// failures and its slowest parts.
+pub(crate) fn run_collecting_failures(mut cmd: Command) -> TestRun {
     use std::io::{BufRead as _, BufReader, Write as _};
     eprintln!("+ {}", describe(&cmd));
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            return (
-                Err(e).context(format!("starting {}", describe(&cmd))),
-                vec![],
-            );
+            return TestRun {
+                result: Err(e).context(format!("starting {}", describe(&cmd))),
+                failures: vec![],
+                binaries: vec![],
+            };
         }
     };
     let interesting = |l: &str| {
@@ -49,13 +62,24 @@ pub(crate) fn run_collecting_failures(mut cmd: Command) -> (Result<()>, Vec<Stri
     let err = child.stderr.take().expect("piped");
     let from_stderr = std::thread::spawn(move || {
         let mut found = vec![];
+        let mut started: Vec<(String, Instant)> = vec![];
         for l in BufReader::new(err).lines().map_while(Result::ok) {
             eprintln!("{l}");
             if interesting(&l) {
-                found.push(l);
+                found.push(l.clone());
+            }
+            if let Some(rest) = l.trim_start().strip_prefix("Running ") {
+                let name = rest.split(" (").next().unwrap_or(rest).to_string();
+                started.push((name, Instant::now()));
             }
         }
-        found
+        let end = Instant::now();
+        let mut binaries = vec![];
+        for (i, (name, at)) in started.iter().enumerate() {
+            let next = started.get(i + 1).map_or(end, |(_, t)| *t);
+            binaries.push((name.clone(), next - *at));
+        }
+        (found, binaries)
     });
     let mut found = vec![];
     let stdout = std::io::stdout();
@@ -65,13 +89,50 @@ pub(crate) fn run_collecting_failures(mut cmd: Command) -> (Result<()>, Vec<Stri
             found.push(l);
         }
     }
-    found.extend(from_stderr.join().unwrap_or_default());
-    let r = match child.wait() {
+    let (from_err, binaries) = from_stderr.join().unwrap_or_default();
+    found.extend(from_err);
+    let result = match child.wait() {
         Ok(s) if s.success() => Ok(()),
         Ok(s) => Err(anyhow::anyhow!("`{}` failed ({s})", describe(&cmd))),
         Err(e) => Err(e.into()),
     };
-    (r, found)
+    TestRun {
+        result,
+        failures: found,
+        binaries,
+    }
+}
+
+/// Where the time of a `cargo xtask test` went, printed at its end (the
+/// part of a CI log a reader sees first).
+#[derive(Default)]
+struct Ledger {
+    phases: Vec<(String, Duration)>,
+    binaries: Vec<(String, Duration)>,
+}
+
+impl Ledger {
+    fn phase<T>(&mut self, name: &str, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        self.phases.push((name.to_string(), t.elapsed()));
+        r
+    }
+
+    fn print(&self) {
+        let line = |(n, d): &(String, Duration)| format!("{n} {:.0}s", d.as_secs_f64());
+        eprintln!(
+            "xtask test: time by phase: {}",
+            self.phases.iter().map(line).collect::<Vec<_>>().join(", ")
+        );
+        let mut slow = self.binaries.clone();
+        slow.sort_by(|a, b| b.1.cmp(&a.1));
+        slow.truncate(12);
+        eprintln!(
+            "xtask test: slowest test binaries: {}",
+            slow.iter().map(line).collect::<Vec<_>>().join(", ")
+        );
+    }
 }
 
 fn describe(cmd: &Command) -> String {
@@ -174,10 +235,11 @@ fn ebpf_cargo(channel: &str) -> Command {
 
 pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
     let started = Instant::now();
-    let weft = build(false)?;
-    lint()?;
+    let mut ledger = Ledger::default();
+    let weft = ledger.phase("build", || build(false))?;
+    ledger.phase("lint", lint)?;
     // The image the image and manifest tests run.
-    let image = crate::image::image()?;
+    let image = ledger.phase("image", crate::image::image)?;
 
     let mut c = cargo();
     c.args(["test", "--workspace", "--locked", "--no-fail-fast"]);
@@ -191,7 +253,9 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
             "WEFT_KUBERNETES_VALIDATE",
             crate::setup::kubernetes_validate_bin(),
         );
-    let (mut tests, mut failures) = run_collecting_failures(c);
+    let run = ledger.phase("tests", || run_collecting_failures(c));
+    let (mut tests, mut failures) = (run.result, run.failures);
+    ledger.binaries.extend(run.binaries);
     // The datapath tests again without host routing (the host-stack path:
     // what every packet took before it, and still takes when the fast path
     // cannot), and the agent's with pods attached without Weft's plugin
@@ -229,9 +293,16 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
             c.args(["--test", f]);
         }
         c.env("WEFT_BIN", &weft).env(var, value);
-        let (r, f) = run_collecting_failures(c);
-        tests = r.with_context(|| format!("the {} tests with {var}={value}", files.join(", ")));
-        failures.extend(f);
+        let run = ledger.phase(&format!("{var}={value}"), || run_collecting_failures(c));
+        tests = run
+            .result
+            .with_context(|| format!("the {} tests with {var}={value}", files.join(", ")));
+        failures.extend(run.failures);
+        ledger.binaries.extend(
+            run.binaries
+                .into_iter()
+                .map(|(n, d)| (format!("{n} ({value})"), d)),
+        );
     }
     // The kernel matrix: the privileged tests again on Debian's kernels,
     // each booted in a VM (KVM where it boots, else emulation). Run even
@@ -240,7 +311,9 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
     let mut kernels: Result<()> = Ok(());
     if filter.is_none() {
         for opts in crate::vm::matrix() {
-            let r = crate::vm::run(&opts, &weft);
+            let r = ledger.phase(&format!("vm {}", opts.kernel), || {
+                crate::vm::run(&opts, &weft)
+            });
             if let Ok(r) = &r {
                 eprintln!(
                     "xtask test: Linux {} in a VM: {:.0?} (build, boot and tests)",
@@ -265,11 +338,12 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
     }
     // The fuzzers run even when a test failed: both results are reported.
     let fuzzed = if filter.is_none() && fuzz_seconds > 0 {
-        fuzz(&[], fuzz_seconds)
+        ledger.phase("fuzz", || fuzz(&[], fuzz_seconds))
     } else {
         Ok(())
     };
     // Repeated last, where a reader of the run's tail sees them.
+    ledger.print();
     if !failures.is_empty() {
         eprintln!("xtask test: what failed:");
         for f in &failures {
