@@ -126,7 +126,7 @@ impl Ledger {
             self.phases.iter().map(line).collect::<Vec<_>>().join(", ")
         );
         let mut slow = self.binaries.clone();
-        slow.sort_by(|a, b| b.1.cmp(&a.1));
+        slow.sort_by_key(|b| std::cmp::Reverse(b.1));
         slow.truncate(12);
         eprintln!(
             "xtask test: slowest test binaries: {}",
