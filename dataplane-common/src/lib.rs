@@ -315,9 +315,10 @@ pub enum Reason {
     DropTooBig = 8,
     /// A helper failed (no room, redirect refused).
     DropError = 9,
-    /// Decap: a VXLAN packet that arrived as IP fragments (the first
-    /// fragment is counted; the rest never reassemble).
-    DropFragment = 10,
+    /// Decap: a VXLAN packet that arrived as outer IPv4 fragments (a hop
+    /// on the way has a smaller MTU), passed for the kernel to reassemble
+    /// and decapsulate; counted once, at its first fragment.
+    Fragmented = 10,
     /// Decap: the outer header says congestion (CE) but the inner packet is
     /// not ECN-capable (RFC 6040: drop).
     DropEcn = 11,
@@ -354,7 +355,7 @@ impl Reason {
         Reason::DropSpoofed,
         Reason::DropTooBig,
         Reason::DropError,
-        Reason::DropFragment,
+        Reason::Fragmented,
         Reason::DropEcn,
         Reason::EncapBypass,
         Reason::DecapBypass,
@@ -377,7 +378,7 @@ impl Reason {
             Reason::DropSpoofed => "drop_spoofed",
             Reason::DropTooBig => "drop_too_big",
             Reason::DropError => "drop_error",
-            Reason::DropFragment => "drop_fragment",
+            Reason::Fragmented => "fragmented",
             Reason::DropEcn => "drop_ecn",
             Reason::EncapBypass => "encap_bypass",
             Reason::DecapBypass => "decap_bypass",
@@ -398,7 +399,6 @@ impl Reason {
                 | Reason::DropSpoofed
                 | Reason::DropTooBig
                 | Reason::DropError
-                | Reason::DropFragment
                 | Reason::DropEcn
                 | Reason::DropInvalidSource
                 | Reason::DropForeignDestination

@@ -52,52 +52,64 @@ pub(crate) struct Decap {
 const ECN_NOT_ECT: u8 = 0x00;
 const ECN_CE: u8 = 0x03;
 
-/// Classifies the frame at `[data, end)`: `Ok(None)` when it is not overlay
-/// traffic for us (pass it on untouched), `Ok(Some(_))` when it is our
-/// VXLAN from a known peer carrying a packet of that peer's subnet (or the
-/// peer's own address: strip the outer headers), `Err` when it is our
-/// VXLAN and refused.
+/// What [`classify`] found a frame to be.
+#[derive(Clone, Copy)]
+pub(crate) enum Classified {
+    /// Not overlay traffic for us: pass it on untouched.
+    NotOurs,
+    /// The first fragment of our VXLAN over IPv4 (a hop on the way has a
+    /// smaller MTU and fragmented the outer packet). Fragments cannot be
+    /// decapsulated one by one: all of them pass, the kernel reassembles
+    /// the packet, and the node's collect-metadata vxlan device
+    /// decapsulates it, checked by `weft_tunnel_rx` as here. Counted, so a
+    /// path with a smaller MTU shows.
+    Fragment,
+    /// Our VXLAN from a known peer carrying a packet of that peer's subnet
+    /// (or the peer's own address): strip the outer headers.
+    Ours(Decap),
+}
+
+/// Classifies the frame at `[data, end)` ([`Classified`]); `Err` when it
+/// is our VXLAN and refused.
 #[inline(always)]
 pub(crate) fn classify(
     data: usize,
     end: usize,
     cfg: &DataplaneConfig,
-) -> Result<Option<Decap>, Dropped> {
+) -> Result<Classified, Dropped> {
     let Some(eth) = read::<EthHdr>(data, end, 0) else {
-        return Ok(None);
+        return Ok(Classified::NotOurs);
     };
     if eth.proto == ETH_P_IP.to_be() && cfg.flags & CONFIG_F_IPV4 != 0 {
         classify4(data, end, cfg)
     } else if eth.proto == ETH_P_IPV6.to_be() && cfg.flags & CONFIG_F_IPV6 != 0 {
         classify6(data, end, cfg)
     } else {
-        Ok(None)
+        Ok(Classified::NotOurs)
     }
 }
 
 /// [`classify`] for VXLAN over IPv4: anything that is not UDP to our
 /// address and VXLAN port (no IP options) is not ours.
 #[inline(always)]
-fn classify4(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<Decap>, Dropped> {
+fn classify4(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Classified, Dropped> {
     let Some(ip) = read::<Ipv4Hdr>(data, end, ETH_LEN) else {
-        return Ok(None);
+        return Ok(Classified::NotOurs);
     };
     if ip.ver_ihl != 0x45 || ip.proto != IPPROTO_UDP || ip.daddr != cfg.local_addr_be {
-        return Ok(None);
+        return Ok(Classified::NotOurs);
     }
     let frag = u16::from_be(ip.frag_off);
     if frag & 0x1fff != 0 {
-        // A later fragment: no UDP header to tell whose it is.
-        return Ok(None);
+        // A later fragment: no UDP header to tell whose it is. It passes,
+        // as the first one does.
+        return Ok(Classified::NotOurs);
     }
     if read::<u16>(data, end, ETH_LEN + IPV4_LEN + 2) != Some(cfg.port.to_be()) {
-        return Ok(None);
+        return Ok(Classified::NotOurs);
     }
     if frag & 0x2000 != 0 {
-        // The first fragment of a VXLAN packet: fragments cannot be
-        // decapsulated one by one, and there is no socket to reassemble
-        // them for. Counted, so a path with a smaller MTU shows.
-        return Err(Dropped::at(Reason::DropFragment, ip.saddr, ip.daddr));
+        return Ok(Classified::Fragment);
     }
     vxlan::<V4>(data, end, cfg, &ip)
 }
@@ -107,15 +119,15 @@ fn classify4(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<De
 /// fragment among them) is passed: the kernel reassembles it and its
 /// vxlan device decapsulates it, checked by `weft_tunnel_rx`.
 #[inline(always)]
-fn classify6(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Option<Decap>, Dropped> {
+fn classify6(data: usize, end: usize, cfg: &DataplaneConfig) -> Result<Classified, Dropped> {
     let Some(ip) = read::<Ipv6Hdr>(data, end, ETH_LEN) else {
-        return Ok(None);
+        return Ok(Classified::NotOurs);
     };
     if ip.version() != 6 || ip.next_header != IPPROTO_UDP || !eq16(&ip.daddr, &cfg.local_addr6) {
-        return Ok(None);
+        return Ok(Classified::NotOurs);
     }
     if read::<u16>(data, end, ETH_LEN + IPV6_LEN + 2) != Some(cfg.port.to_be()) {
-        return Ok(None);
+        return Ok(Classified::NotOurs);
     }
     vxlan::<V6>(data, end, cfg, &ip)
 }
@@ -129,7 +141,7 @@ fn vxlan<F: Family>(
     end: usize,
     cfg: &DataplaneConfig,
     outer: &F::Hdr,
-) -> Result<Option<Decap>, Dropped> {
+) -> Result<Classified, Dropped> {
     let refuse = |r: Reason| F::dropped(r, outer, ETH_LEN);
     let at = ETH_LEN + F::HDR_LEN + UDP_LEN;
     let vx = read::<VxlanHdr>(data, end, at).ok_or(refuse(Reason::DropMalformed))?;
@@ -161,7 +173,7 @@ fn vxlan<F: Family>(
         Reason::DropUnknownVtep => refuse(r),
         r => F::dropped(r, &iip, inner_at),
     })?;
-    Ok(Some(Decap {
+    Ok(Classified::Ours(Decap {
         set_ce,
         len: F::ENCAP_LEN as u32,
         v6: F::V6,

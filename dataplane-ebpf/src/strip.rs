@@ -14,23 +14,35 @@ use dataplane_common::{
 
 use crate::{
     bypass,
-    decap::{CLASSIFY_LEN4, Decap, classify, classify_len, set_ce},
+    decap::{CLASSIFY_LEN4, Classified, Decap, classify, classify_len, set_ce},
     family::{Family, V4, V6},
     headers::{ETH_LEN, IPV4_LEN, IPV6_LEN},
     packet::{linear, read, write},
     verdict::{Done, Dropped},
 };
 
+/// The reason a frame the programs pass on is counted under.
+#[inline(always)]
+fn passed(c: Classified) -> Reason {
+    match c {
+        Classified::Fragment => Reason::Fragmented,
+        _ => Reason::Passed,
+    }
+}
+
 #[inline(always)]
 pub(crate) fn xdp(ctx: &XdpContext, cfg: &DataplaneConfig) -> Result<Done<u32>, Dropped> {
     let (data, end) = (ctx.data(), ctx.data_end());
     let len = (end - data) as u32;
-    let Some(decap) = classify(data, end, cfg)? else {
-        return Ok(Done {
-            action: xdp_action::XDP_PASS,
-            reason: Reason::Passed,
-            bytes: len,
-        });
+    let decap = match classify(data, end, cfg)? {
+        Classified::Ours(d) => d,
+        other => {
+            return Ok(Done {
+                action: xdp_action::XDP_PASS,
+                reason: passed(other),
+                bytes: len,
+            });
+        }
     };
     // SAFETY: the helper checks the new head against the buffer.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, decap.len as i32) } != 0 {
@@ -57,20 +69,30 @@ pub(crate) fn tc(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dr
     let len = ctx.len();
     let (data, end) = linear(ctx, CLASSIFY_LEN4)?;
     let (data, end) = linear(ctx, classify_len(data, end))?;
-    let Some(decap) = classify(data, end, cfg)? else {
-        // Not VXLAN: a direct peer's pod may be sending to one of ours.
-        if let Some(action) = bypass::deliver_direct(ctx, cfg) {
+    let decap = match classify(data, end, cfg)? {
+        Classified::Ours(d) => d,
+        Classified::Fragment => {
             return Ok(Done {
-                action,
-                reason: Reason::DirectRx,
+                action: TC_ACT_OK,
+                reason: Reason::Fragmented,
                 bytes: len,
             });
         }
-        return Ok(Done {
-            action: TC_ACT_OK,
-            reason: Reason::Passed,
-            bytes: len,
-        });
+        Classified::NotOurs => {
+            // Not VXLAN: a direct peer's pod may be sending to one of ours.
+            if let Some(action) = bypass::deliver_direct(ctx, cfg) {
+                return Ok(Done {
+                    action,
+                    reason: Reason::DirectRx,
+                    bytes: len,
+                });
+            }
+            return Ok(Done {
+                action: TC_ACT_OK,
+                reason: Reason::Passed,
+                bytes: len,
+            });
+        }
     };
     if cfg.flags & CONFIG_F_KERNEL_RX != 0 {
         return to_pod_or_kernel(ctx, cfg, decap, len);

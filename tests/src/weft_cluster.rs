@@ -242,13 +242,25 @@ impl WeftNode {
     /// sets it up: flannel's bridge + host-local, Weft's plugin chained.
     /// With `WEFT_TEST_CNI=unchained`, as flannel's plugin does, without
     /// Weft's plugin: the agent adopts the pods from the runtime's cache.
+    /// The pods' MTU is the agent's subnet file's `FLANNEL_MTU`, as
+    /// flannel's plugin reads it.
     pub fn use_cni(&mut self) {
+        let mtu = self.subnet_file_mtu();
         if std::env::var("WEFT_TEST_CNI").as_deref() == Ok("unchained") {
-            self.node.use_subnet(self.subnet, 1450);
+            self.node.use_subnet(self.subnet, mtu);
             return;
         }
         let state = self.agent.state_dir();
-        self.node.use_subnet_weft(self.subnet, 1450, &state);
+        self.node.use_subnet_weft(self.subnet, mtu, &state);
+    }
+
+    /// `FLANNEL_MTU` of the agent's subnet file.
+    pub fn subnet_file_mtu(&self) -> u32 {
+        let env = std::fs::read_to_string(self.agent.subnet_file()).expect("the subnet file");
+        env.lines()
+            .find_map(|l| l.strip_prefix("FLANNEL_MTU="))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("FLANNEL_MTU in the subnet file")
     }
 
     /// With pods attached without Weft's plugin (`WEFT_TEST_CNI=unchained`)

@@ -258,8 +258,6 @@ fn hostile4() -> Vec<(&'static str, Vec<u8>, Reason)> {
     );
     let spoofed = vxlan4(peer, Ip::udp(fx::direct_pod(9), fx::own4(5)));
     let foreign = vxlan4(peer, Ip::udp(fx::peer4_pod(7), fx::nowhere4()));
-    let mut fragment = good();
-    fragment.outer = fragment.outer.frag(0x2000);
     // CE on the way, for an inner packet that is not ECN-capable.
     let mut ce = wire(&good());
     pk::mark_ce(&mut ce, ETH_LEN);
@@ -287,11 +285,6 @@ fn hostile4() -> Vec<(&'static str, Vec<u8>, Reason)> {
             wire(&foreign),
             Reason::DropForeignDestination,
         ),
-        (
-            "the first fragment of a VXLAN packet",
-            wire(&fragment),
-            Reason::DropFragment,
-        ),
         ("CE outside, not ECN-capable inside", ce, Reason::DropEcn),
         (
             "cut short inside the VXLAN header",
@@ -299,6 +292,17 @@ fn hostile4() -> Vec<(&'static str, Vec<u8>, Reason)> {
             Reason::DropMalformed,
         ),
     ]
+}
+
+/// The first fragment of a VXLAN packet over IPv4 (a hop on the way
+/// fragmented it): passed untouched for the kernel to reassemble.
+fn first_fragment() -> Vec<u8> {
+    let mut v = vxlan4(
+        IpAddr::V4(fx::PEER4),
+        Ip::udp(fx::peer4_pod(7), fx::own4(5)),
+    );
+    v.outer = v.outer.frag(0x2000);
+    wire(&v)
 }
 
 /// `weft_decap`: XDP on the uplink.
@@ -353,6 +357,13 @@ fn decap_xdp() -> Vec<Case> {
             Mode::Legacy,
             wire(&other_port),
             same(XDP_PASS, Reason::Passed, &wire(&other_port)),
+        ),
+        case(
+            "decap xdp: the first fragment of a VXLAN packet passes to be reassembled",
+            prog::DECAP_XDP,
+            Mode::Legacy,
+            first_fragment(),
+            same(XDP_PASS, Reason::Fragmented, &first_fragment()),
         ),
     ];
     for (what, frame, reason) in hostile4().into_iter().chain(hostile6()) {
@@ -492,6 +503,15 @@ fn decap_tc() -> Vec<Case> {
         ),
     ]);
     for mode in [Mode::Legacy, Mode::KernelRx] {
+        out.push(case(
+            &format!(
+                "decap tc ({mode:?}): the first fragment of a VXLAN packet passes to be reassembled"
+            ),
+            prog::DECAP_TC,
+            mode,
+            first_fragment(),
+            same(TC_ACT_OK, Reason::Fragmented, &first_fragment()),
+        ));
         for (what, frame, reason) in hostile4().into_iter().chain(hostile6()) {
             out.push(Case {
                 name: format!("decap tc ({mode:?}): {what}"),
