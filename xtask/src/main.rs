@@ -48,7 +48,7 @@ enum Command {
     },
     /// fmt and clippy on every crate, the eBPF one included (no root needed).
     Lint,
-    /// Setup, build, lint, all tests, and every fuzz target for 20 s.
+    /// Setup, build, lint, all tests, and every fuzz target for 12 s.
     Test {
         /// Only run tests whose name contains this (and no fuzzing).
         filter: Option<String>,
@@ -56,7 +56,7 @@ enum Command {
         #[arg(long)]
         no_setup: bool,
         /// Seconds each fuzz target runs (0: none).
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 12)]
         fuzz_seconds: u64,
     },
     /// The privileged integration tests on one of Debian's kernels, booted

@@ -107,6 +107,31 @@ pub(crate) fn check_names(names: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Fails unless each of `tests` is a test of `binary` (asked with
+/// `--list` on the host): with `--exact`, a renamed test would otherwise
+/// silently leave the guest's run.
+pub(crate) fn check_tests(binary: &TestBinary, tests: &[String]) -> Result<()> {
+    let out = std::process::Command::new(&binary.executable)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .with_context(|| format!("listing the tests of {}", binary.name))?;
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let have: Vec<&str> = listed
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .collect();
+    for t in tests {
+        if !have.contains(&t.as_str()) {
+            bail!(
+                "{} has no test {t:?}; it has: {}",
+                binary.name,
+                have.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `weft-bench` in a release build, to run with `args`.
 pub(crate) fn bench(args: &[String]) -> Result<TestBinary> {
     let mut c = cargo();
