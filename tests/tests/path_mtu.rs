@@ -7,7 +7,8 @@
 //! no black hole: node 3's uplink programs pass them, the kernel
 //! reassembles them and the node's vxlan device decapsulates them, checked
 //! as the rest. Bulk TCP crosses both ways, from a pod (the fast path) and
-//! from the node itself (the host-stack path).
+//! from the node itself (the host-stack path), and `weft doctor` names the
+//! smaller hop where the fragments arrive.
 
 use std::{
     net::Ipv4Addr,
@@ -17,11 +18,11 @@ use std::{
 use dataplane_common::Reason;
 use weft::dataplane::Counters;
 use weft_tests::{
-    agent::eventually,
+    agent::{eventually, weft_bin},
     cluster::{Node, Underlay, ping},
     netns::{Netns, veth},
     traffic::tcp_transfer,
-    weft_cluster::{WeftCluster, WeftNode},
+    weft_cluster::{ETCD_IP, WeftCluster, WeftNode},
 };
 
 const T: Duration = Duration::from_secs(30);
@@ -113,6 +114,28 @@ fn bulk(what: &str, to: (&Netns, Ipv4Addr), from: &Netns, port: u16) {
     println!("{what}: 32 MiB in {took:.1?}");
 }
 
+/// `weft doctor`'s line for `check` on node `n`.
+fn doctor_line(n: &WeftNode, check: &str) -> String {
+    let out = n
+        .node
+        .ns
+        .command(weft_bin().to_str().unwrap())
+        .args(["doctor", "--bpffs-dir"])
+        .arg(n.pins.path())
+        .arg("--state-dir")
+        .arg(n.agent.state_dir())
+        .arg("--subnet-file")
+        .arg(n.agent.subnet_file())
+        .args(["--etcd-endpoints", &format!("http://{ETCD_IP}:2379")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find(|l| l.get(6..).is_some_and(|r| r.starts_with(check)))
+        .unwrap_or_else(|| panic!("no {check} line:\n{text}"))
+        .to_string()
+}
+
 #[test]
 fn a_smaller_hop_on_the_underlay_is_no_black_hole() {
     let mut c = WeftCluster::new(0, &[]).unwrap();
@@ -150,6 +173,15 @@ fn a_smaller_hop_on_the_underlay_is_no_black_hole() {
     assert!(
         packets(n3, Reason::Fragmented) >= fragmented + 2,
         "node 3 got them as fragments, and counted them"
+    );
+    // Doctor names it on node 3, not on node 2. (Node 2 first: doctor's
+    // full-size probes to its peers come back fragmented from node 3.)
+    let line = doctor_line(n2, "fragments");
+    assert!(line.starts_with("ok"), "{line}");
+    let line = doctor_line(n3, "fragments");
+    assert!(
+        line.starts_with("warn") && line.contains("arrived as outer fragments"),
+        "{line}"
     );
     assert!(ping(&p3.ns, p1.ip, 2), "small pod 3 -> pod 1");
     assert!(ping_df(&p3.ns, p1.ip, 8900), "jumbo pod 3 -> pod 1");

@@ -153,3 +153,21 @@ pub(super) fn mtu(
         ),
     }
 }
+
+/// VXLAN that arrived as outer fragments: a hop between this node and a
+/// peer carries less than the packets sent over it. Nothing is lost (the
+/// kernel reassembles them) but each costs a reassembly, and any fragment
+/// lost loses the packet.
+pub(super) fn fragments(f: &mut Findings, fragmented: u64, uplink_mtu: u32) {
+    if fragmented == 0 {
+        f.ok("fragments", "no VXLAN arrived fragmented");
+        return;
+    }
+    f.warn(
+        "fragments",
+        format!(
+            "{fragmented} VXLAN packets arrived as outer fragments (counted since the datapath's maps were created): a hop on the underlay between this node and a peer carries less than {uplink_mtu} bytes"
+        ),
+        "set Backend.MTU to the underlay's smallest MTU, or raise that hop's; weft_dataplane_packets_total{reason=\"fragmented\"} shows when it happens",
+    );
+}

@@ -21,12 +21,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use dataplane_common::{CONFIG_F_IPV4, CONFIG_F_IPV6};
+use dataplane_common::{CONFIG_F_IPV4, CONFIG_F_IPV6, Reason};
 
 use self::findings::Findings;
 use crate::{
     cli::NodeArgs,
-    dataplane::{DecapHook, Family, Netlink, PeerMaps, PinDir},
+    dataplane::{Counters, DecapHook, Family, Netlink, PeerMaps, PinDir},
     lease::SubnetEnv,
     report,
 };
@@ -83,6 +83,9 @@ pub(crate) async fn doctor(a: DoctorArgs<'_>) -> Result<()> {
             let env = read_env(&a.node.subnet_file);
             let env_mtu = env.as_ref().ok().and_then(|e| e.as_ref()).map(|e| e.mtu);
             dataplane::mtu(&mut f, uplink.mtu, &devices, env_mtu);
+            if let Ok(c) = Counters::open(&dir).and_then(|c| c.get(Reason::Fragmented)) {
+                dataplane::fragments(&mut f, c.packets, uplink.mtu);
+            }
             let vteps = lease::Vteps {
                 v4: families
                     .contains(&Family::V4)
