@@ -6,6 +6,8 @@
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
+use dataplane_common::Reason;
+use weft::dataplane::Counters;
 use weft_tests::{
     agent::eventually,
     proc::run,
@@ -45,23 +47,72 @@ fn prog_id(link: &Path) -> u64 {
 struct Traffic {
     ping: std::process::Child,
     udp: std::thread::JoinHandle<(u32, u32)>,
+    /// Each node's counters when the step began, to say where a loss went.
+    counters: Vec<NodeCounters>,
 }
+
+/// A node's name, its counters, and their packets when a step began.
+type NodeCounters = (String, Counters, Vec<(Reason, u64)>);
 
 impl Traffic {
     fn start(c: &WeftCluster, port: u16) -> Self {
+        let counters = c
+            .nodes
+            .iter()
+            .map(|n| {
+                let k = Counters::open(n.pins.pins()).unwrap();
+                let at = packets(&k);
+                (n.agent.name.clone(), k, at)
+            })
+            .collect();
         let (a, b) = (&c.nodes[0].node.pods[0], &c.nodes[1].node.pods[0]);
         let ping = ping_run(&a.ns, b.ip, 800);
         let udp = udp_stream(&a.ns, a.ip, port, &b.ns, 400, Duration::from_millis(20));
-        Self { ping, udp }
+        Self {
+            ping,
+            udp,
+            counters,
+        }
     }
 
-    /// Waits for both to end; fails if anything was lost.
+    /// Waits for both to end; fails if anything was lost, naming what each
+    /// node's programs counted during the step.
     fn none_lost(self, step: &str) {
-        let (sent, got) = ping_outcome(self.ping);
-        assert_eq!((sent, got), (800, 800), "{step}: pings sent, answered");
+        let (pings, answered) = ping_outcome(self.ping);
         let (sent, got) = self.udp.join().unwrap();
-        assert_eq!((sent, got), (400, 400), "{step}: datagrams sent, received");
+        let counted: Vec<String> = self
+            .counters
+            .iter()
+            .map(|(name, k, before)| {
+                let moved: Vec<String> = packets(k)
+                    .iter()
+                    .zip(before)
+                    .filter(|((_, a), (_, b))| a != b)
+                    .map(|((r, a), (_, b))| format!("{} +{}", r.name(), a - b))
+                    .collect();
+                format!("{name}: {}", moved.join(", "))
+            })
+            .collect();
+        assert_eq!(
+            (pings, answered),
+            (800, 800),
+            "{step}: pings sent, answered; counted {counted:?}"
+        );
+        assert_eq!(
+            (sent, got),
+            (400, 400),
+            "{step}: datagrams sent, received; counted {counted:?}"
+        );
     }
+}
+
+/// Every reason's packet count.
+fn packets(k: &Counters) -> Vec<(Reason, u64)> {
+    k.all()
+        .unwrap()
+        .into_iter()
+        .map(|(r, c)| (r, c.packets))
+        .collect()
 }
 
 fn restart(c: &mut WeftCluster, fault: bool) {
