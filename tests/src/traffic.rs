@@ -383,3 +383,38 @@ pub fn capture_count(ns: &Netns, iface: &str, filter: &str, during: impl FnOnce(
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no packet count from tcpdump: {err}"))
 }
+
+/// A UDP listener on `ip:port` in `ns`, bound when this returns: the
+/// payloads that arrive (trailing padding dots cut), until a second of
+/// silence after `sent` is set (however long the sender takes to start).
+pub fn udp_payloads(
+    ns: &Netns,
+    ip: impl Into<IpAddr>,
+    port: u16,
+    sent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<String>> {
+    let ip: IpAddr = ip.into();
+    let (tx, rx) = mpsc::channel();
+    let h = ns.spawn_thread(move || {
+        let s = UdpSocket::bind((ip, port)).expect("bind");
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        tx.send(()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let deadline = std::time::Instant::now() + crate::scaled(Duration::from_secs(60));
+        while std::time::Instant::now() < deadline {
+            match s.recv(&mut buf) {
+                Ok(n) => got.push(
+                    String::from_utf8_lossy(&buf[..n])
+                        .trim_end_matches('.')
+                        .to_string(),
+                ),
+                Err(_) if sent.load(std::sync::atomic::Ordering::SeqCst) => break,
+                Err(_) => {}
+            }
+        }
+        got
+    });
+    rx.recv().unwrap();
+    h
+}

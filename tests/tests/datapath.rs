@@ -620,7 +620,7 @@ fn vxlan_that_arrives_as_fragments_is_reassembled_checked_and_counted() {
     // node 1 does not hold.
     let pod = &nodes[1].pods[0];
     let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let listener = listen(pod, 7777, sent.clone());
+    let listener = weft_tests::traffic::udp_payloads(&pod.ns, pod.ip, 7777, sent.clone());
     let script = format!(
         r#"
 from scapy.all import Ether, IP, UDP, Raw, send, fragment, conf
@@ -656,39 +656,4 @@ send(frags("10.244.1.50", b"fragmented" + b"." * 900) + frags("10.244.3.50", b"s
         "the spoofed one is dropped after reassembly"
     );
     assert!(ping(&src.ns, dst, 2), "small packets still cross");
-}
-
-/// Collects what UDP `port` of `pod` receives, until a second of silence
-/// after `sent` is set (however long the sender takes to start).
-fn listen(
-    pod: &weft_tests::cluster::Pod,
-    port: u16,
-    sent: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<Vec<String>> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let ip = pod.ip;
-    let h = pod.ns.spawn_thread(move || {
-        let s = std::net::UdpSocket::bind((ip, port)).unwrap();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(1)))
-            .unwrap();
-        tx.send(()).unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        let deadline =
-            std::time::Instant::now() + weft_tests::scaled(std::time::Duration::from_secs(60));
-        while std::time::Instant::now() < deadline {
-            match s.recv(&mut buf) {
-                Ok(n) => got.push(
-                    String::from_utf8_lossy(&buf[..n])
-                        .trim_end_matches('.')
-                        .to_string(),
-                ),
-                Err(_) if sent.load(std::sync::atomic::Ordering::SeqCst) => break,
-                Err(_) => {}
-            }
-        }
-        got
-    });
-    rx.recv().unwrap();
-    h
 }

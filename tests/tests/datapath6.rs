@@ -154,31 +154,6 @@ fn interop_with_a_flannel_dual_stack_node() {
     assert!(mtu.contains("mtu 1430"), "{mtu}");
 }
 
-/// A UDP listener in `pod` on `port`: what arrives within 3 s, once the
-/// returned channel says it is bound.
-fn listen6(pod: &weft_tests::cluster::Pod, port: u16) -> std::thread::JoinHandle<Vec<String>> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let ip = pod.ip6.unwrap();
-    let h = pod.ns.spawn_thread(move || {
-        let s = std::net::UdpSocket::bind((ip, port)).unwrap();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
-            .unwrap();
-        tx.send(()).unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = s.recv(&mut buf) {
-            got.push(
-                String::from_utf8_lossy(&buf[..n])
-                    .trim_end_matches('.')
-                    .to_string(),
-            );
-        }
-        got
-    });
-    rx.recv().unwrap();
-    h
-}
-
 /// VXLAN over IPv6 that arrives as fragments of outer IPv6 (Linux senders
 /// do not fragment their tunnel packets, but other VTEPs and middle boxes
 /// may): the uplink's programs pass the fragments, the kernel reassembles
@@ -194,7 +169,8 @@ fn vxlan_over_ipv6_that_arrives_as_fragments_is_delivered_and_checked() {
         counters.get(Reason::Decapsulated).unwrap().packets,
         counters.get(Reason::DropSpoofed).unwrap().packets,
     );
-    let listener = listen6(pod, 7777);
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listener = weft_tests::traffic::udp_payloads(&pod.ns, pod.ip6.unwrap(), 7777, sent.clone());
     let script = format!(
         r#"
 from scapy.all import Ether, IPv6, IPv6ExtHdrFragment, UDP, Raw, sendp, fragment6, conf
@@ -215,10 +191,9 @@ sendp(frags("{peer}50", b"fragmented" + b"." * 900) + frags("{other}50", b"spoof
         peer = subnet6_of(2).network(),
         other = subnet6_of(3).network(),
     );
-    p.flannel
-        .ns
-        .exec("/usr/bin/python3", &["-c", &script])
-        .unwrap();
+    let r = p.flannel.ns.exec("/usr/bin/python3", &["-c", &script]);
+    sent.store(true, std::sync::atomic::Ordering::SeqCst);
+    r.unwrap();
     let got = listener.join().unwrap();
     assert_eq!(
         got,
