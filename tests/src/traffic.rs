@@ -205,9 +205,33 @@ pub fn recv_with_tos(s: &UdpSocket) -> Option<(Vec<u8>, u8)> {
     Some((buf, tos.unwrap_or(0)))
 }
 
+/// What a paced UDP stream ([`udp_stream`]) came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamOutcome {
+    /// Datagrams sent, and received intact.
+    pub sent: u32,
+    pub received: u32,
+    /// The longest silence at the receiver between two datagrams (or
+    /// from the first send to the first), and the last number received
+    /// before it.
+    pub longest_gap: Duration,
+    pub gap_after: Option<u32>,
+    /// The numbers sent but never received, as inclusive ranges.
+    pub missing: Vec<(u32, u32)>,
+}
+
+impl StreamOutcome {
+    /// (sent, received), to compare with what should have been.
+    pub fn counts(&self) -> (u32, u32) {
+        (self.sent, self.received)
+    }
+}
+
 /// Starts a paced UDP stream from `cns` to `server:port` in `sns`: `count`
-/// numbered 100-byte datagrams, `gap` apart. Join the handle for (sent,
-/// received in order and intact); the receiver stops 2 s after the last.
+/// numbered 100-byte datagrams, `gap` apart. The receiver counts until a
+/// second after the sender's last datagram (however long a stall in
+/// between), so a loss shows as the datagrams missing, not as an early
+/// end; join the handle for the outcome.
 pub fn udp_stream(
     sns: &Netns,
     server: impl Into<IpAddr>,
@@ -215,22 +239,66 @@ pub fn udp_stream(
     cns: &Netns,
     count: u32,
     gap: Duration,
-) -> std::thread::JoinHandle<(u32, u32)> {
+) -> std::thread::JoinHandle<StreamOutcome> {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering::SeqCst},
+    };
     let server: IpAddr = server.into();
     let (ready_tx, ready_rx) = mpsc::channel();
+    let done = Arc::new(AtomicBool::new(false));
+    let sender_done = done.clone();
     let srv = sns.spawn_thread(move || {
         let s = UdpSocket::bind((server, port)).expect("bind");
-        s.set_read_timeout(Some(crate::scaled(Duration::from_secs(2))))
+        s.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         ready_tx.send(()).unwrap();
         let mut buf = [0u8; 2048];
-        let mut ok = 0u32;
-        while let Ok(k) = s.recv(&mut buf) {
-            if k == 100 && buf[4..100].iter().all(|b| *b == 0x5a) {
-                ok += 1;
+        let mut seen = vec![false; count as usize];
+        let started = std::time::Instant::now();
+        let mut last = started;
+        let (mut longest, mut after, mut last_n) = (Duration::ZERO, None, None);
+        let mut done_at: Option<std::time::Instant> = None;
+        let hard = started + crate::scaled(Duration::from_secs(30)) + gap * count;
+        loop {
+            let now = std::time::Instant::now();
+            if now > hard || done_at.is_some_and(|d| now.duration_since(d) > Duration::from_secs(1))
+            {
+                break;
+            }
+            if done_at.is_none() && done.load(SeqCst) {
+                done_at = Some(now);
+            }
+            let Ok(k) = s.recv(&mut buf) else { continue };
+            if k != 100 || !buf[4..100].iter().all(|b| *b == 0x5a) {
+                continue;
+            }
+            let n = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+            let Some(slot) = seen.get_mut(n as usize) else {
+                continue;
+            };
+            *slot = true;
+            let now = std::time::Instant::now();
+            if now.duration_since(last) > longest {
+                longest = now.duration_since(last);
+                after = last_n;
+            }
+            last = now;
+            last_n = Some(n);
+        }
+        let received = seen.iter().filter(|b| **b).count() as u32;
+        let mut missing: Vec<(u32, u32)> = Vec::new();
+        for (i, got) in seen.iter().enumerate() {
+            let i = i as u32;
+            if *got {
+                continue;
+            }
+            match missing.last_mut() {
+                Some((_, end)) if *end + 1 == i => *end = i,
+                _ => missing.push((i, i)),
             }
         }
-        ok
+        (received, longest, after, missing)
     });
     ready_rx.recv().unwrap();
     let cli = cns.spawn_thread(move || {
@@ -249,11 +317,19 @@ pub fn udp_stream(
             }
             std::thread::sleep(gap);
         }
+        sender_done.store(true, SeqCst);
         sent
     });
     std::thread::spawn(move || {
         let sent = cli.join().expect("sender");
-        (sent, srv.join().expect("receiver"))
+        let (received, longest_gap, gap_after, missing) = srv.join().expect("receiver");
+        StreamOutcome {
+            sent,
+            received,
+            longest_gap,
+            gap_after,
+            missing,
+        }
     })
 }
 

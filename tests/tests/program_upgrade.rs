@@ -11,7 +11,7 @@ use weft::dataplane::Counters;
 use weft_tests::{
     agent::eventually,
     proc::run,
-    traffic::{ping_outcome, ping_run, udp_stream},
+    traffic::{StreamOutcome, ping_outcome, ping_run, udp_stream},
     weft_cluster::{WeftCluster, WeftNode},
 };
 
@@ -46,7 +46,7 @@ fn prog_id(link: &Path) -> u64 {
 /// node 2's, and a UDP stream of 50 datagrams a second the other way.
 struct Traffic {
     ping: std::process::Child,
-    udp: std::thread::JoinHandle<(u32, u32)>,
+    udp: std::thread::JoinHandle<StreamOutcome>,
     /// Each node's counters when the step began, to say where a loss went.
     counters: Vec<NodeCounters>,
 }
@@ -79,7 +79,7 @@ impl Traffic {
     /// node's programs counted during the step.
     fn none_lost(self, step: &str) {
         let (pings, answered) = ping_outcome(self.ping);
-        let (sent, got) = self.udp.join().unwrap();
+        let udp = self.udp.join().unwrap();
         let counted: Vec<String> = self
             .counters
             .iter()
@@ -99,9 +99,13 @@ impl Traffic {
             "{step}: pings sent, answered; counted {counted:?}"
         );
         assert_eq!(
-            (sent, got),
+            udp.counts(),
             (400, 400),
-            "{step}: datagrams sent, received; counted {counted:?}"
+            "{step}: datagrams sent, received ({udp:?}); counted {counted:?}"
+        );
+        println!(
+            "{step}: the UDP stream's longest silence: {:?}",
+            udp.longest_gap
         );
     }
 }
