@@ -334,6 +334,14 @@ pub(crate) struct AgentArgs {
     #[arg(long, env = "WEFT_PEER_PROBE_RATE", default_value_t = 20.0,
           value_parser = probe_rate)]
     pub peer_probe_rate: f64,
+    /// Measure each IPv4 peer's path MTU through the tunnel and use it
+    /// per peer (pods get the uplink's full overlay MTU; a path with a
+    /// smaller hop gets its own, answered with ICMP). Off where
+    /// `Backend.MTU` pins one MTU or the peer probes are off;
+    /// `--path-mtu=false`: one overlay MTU for every peer, as flannel.
+    #[arg(long, env = "WEFT_PATH_MTU", default_value_t = true,
+          action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub path_mtu: bool,
     /// Export each peer's reachability and round trip as series of their
     /// own (they grow with the square of the cluster; off: aggregates only).
     #[arg(long, env = "WEFT_PEER_METRICS")]

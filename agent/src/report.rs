@@ -71,6 +71,12 @@ pub(crate) struct PeerHealth {
     pub(crate) rtt_us: Option<u64>,
     /// Why the last probe failed, while it has.
     pub(crate) error: Option<String>,
+    /// The largest outer packet the path to it was measured to carry
+    /// (per-peer path MTU), and when (seconds since the epoch).
+    #[serde(default)]
+    pub(crate) path_mtu: Option<u32>,
+    #[serde(default)]
+    pub(crate) path_mtu_measured: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

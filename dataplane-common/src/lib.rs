@@ -61,6 +61,8 @@ pub mod map_names {
     pub const CT_REQUESTS: &str = "WEFT_CT_REQUESTS";
     /// Flows asked about recently (LRU), so a flow is asked about once.
     pub const CT_ASKED: &str = "WEFT_CT_ASKED";
+    /// Measured path MTUs by remote IPv4 VTEP (see [`CONFIG_F_PATH_MTU`]).
+    pub const PATH_MTU: &str = "WEFT_PATH_MTU";
 }
 
 /// Program names, as the programs declare them.
@@ -278,6 +280,24 @@ pub const CONFIG_F_SOURCE_CHECK: u32 = 32;
 /// the bridge then segments in software) and `weft_tunnel_rx` checks what
 /// comes out. Without it TC strips every frame itself.
 pub const CONFIG_F_KERNEL_RX: u32 = 64;
+
+/// Per-peer path MTU (the agent measures each IPv4 peer's path, see
+/// `WEFT_PATH_MTU`): the outer IPv4 header says don't-fragment to a peer
+/// whose path was measured and on the prober's packets
+/// ([`PROBE_MARK`]); the fast path hands a packet whose outer packet (or
+/// GSO segment) would exceed the peer's path to the stack, whose route to
+/// the peer carries that MTU and answers with ICMP. A peer not measured
+/// gets the smaller of the uplink's MTU and [`DEFAULT_PATH_MTU`]. Adding it
+/// changed no existing map, so older programs (a rollback) ignore it.
+pub const CONFIG_F_PATH_MTU: u32 = 128;
+
+/// The path MTU a peer not yet measured is given (outer IPv4 packet,
+/// header included), where the uplink's is larger.
+pub const DEFAULT_PATH_MTU: u32 = 1500;
+
+/// `SO_MARK` of the prober's path MTU probes: their outer header says
+/// don't-fragment whether or not the peer's path was measured.
+pub const PROBE_MARK: u32 = 0x5746_0d0f;
 
 /// XDP's mark on a frame it decapsulated (in the frame's metadata), for the
 /// TC program that delivers it after GRO.

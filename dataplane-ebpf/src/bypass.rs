@@ -18,12 +18,12 @@ use dataplane_common::{
 
 use crate::{
     ct,
-    encap::{encapsulate, redirect_direct, redirect_to_uplink, too_big},
+    encap::{encapsulate, outer_len, path, redirect_direct, redirect_to_uplink, too_big},
     encap6::{set_inner_macs, set_tunnel, too_big6},
     family::{Family, V4, V6},
     headers::{
-        ENCAP_LEN, ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV4_LEN, IPV6_LEN, Ipv4Hdr,
-        Ipv6Hdr, csum_replace,
+        ENCAP_LEN, ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPPROTO_UDP, IPV4_LEN,
+        IPV6_LEN, Ipv4Hdr, Ipv6Hdr, csum_replace,
     },
     maps::{WEFT_ENDPOINTS, WEFT_ENDPOINTS6, WEFT_PEERS, WEFT_PEERS6, WEFT_POD_IFS},
     packet::{eq16, in_subnet4, in_subnet6, linear, read, write},
@@ -83,9 +83,17 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
     if vtep.flags & VTEP_F_DIRECT != 0 {
         return direct(ctx, cfg, data, end, &ip, &vtep);
     }
-    // Too big for the uplink (the stack answers with ICMP), or a BIG TCP
-    // aggregate whose outer length would not fit.
+    // Too big for the uplink, or a BIG TCP aggregate whose outer length
+    // would not fit; or a packet (a GSO packet's segment) larger than the
+    // peer's path: the stack answers with ICMP, or segments it.
     if too_big(ctx, cfg, len) {
+        return Ok(pass);
+    }
+    let Some(outer) = outer_segment(ctx, data, end, len, &ip) else {
+        return Ok(pass);
+    };
+    let path = path(ctx, cfg, &vtep, outer);
+    if outer > path.mtu {
         return Ok(pass);
     }
     if cfg.flags & CONFIG_F_CT_GATE != 0 && !gate::<V4>(ctx, cfg, data, end, ETH_LEN, &ip) {
@@ -93,7 +101,7 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
     }
     // An skb that cannot be encapsulated (one that already is) is left
     // untouched for the stack.
-    let Ok(new_len) = encapsulate(ctx, cfg, &ip, &vtep) else {
+    let Ok(new_len) = encapsulate(ctx, cfg, &ip, &vtep, path.df) else {
         return Ok(pass);
     };
     // The hop through this node, as routing would count it.
@@ -320,6 +328,32 @@ fn gate<F: Family>(
         return false;
     };
     ct::allows(ctx, cfg, F::flow(ip), proto, ports, flags)
+}
+
+/// The outer IPv4 packet's length on the wire once `ip`'s `len`-byte
+/// frame is encapsulated: the frame's, or for a GSO packet one segment's
+/// (its size, the IPv4 header and the TCP or UDP header). None for a GSO
+/// packet whose headers are out of reach or of another kind.
+#[inline(always)]
+fn outer_segment(ctx: &TcContext, data: usize, end: usize, len: u32, ip: &Ipv4Hdr) -> Option<u32> {
+    // SAFETY: reading a field of the context's own sk_buff.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    if gso_size == 0 {
+        return Some(outer_len(len));
+    }
+    let l3 = u32::from(ip.ver_ihl & 0x0f) * 4;
+    let l4 = match ip.proto {
+        IPPROTO_TCP => {
+            let off = read::<u8>(data, end, ETH_LEN + IPV4_LEN + 12)?;
+            if l3 != IPV4_LEN as u32 {
+                return None;
+            }
+            u32::from(off >> 4) * 4
+        }
+        IPPROTO_UDP => 8,
+        _ => return None,
+    };
+    Some(gso_size + l3 + l4 + ENCAP_LEN as u32)
 }
 
 /// The ports of the transport header at `l4` and, for TCP, its flags; None

@@ -24,14 +24,16 @@ use aya_ebpf::{
     maps::lpm_trie::Key,
     programs::TcContext,
 };
-use dataplane_common::{DataplaneConfig, Reason, Vtep};
+use dataplane_common::{
+    CONFIG_F_PATH_MTU, DEFAULT_PATH_MTU, DataplaneConfig, PROBE_MARK, Reason, Vtep,
+};
 
 use crate::{
     headers::{
         ENCAP_LEN, ETH_LEN, ETH_P_IP, EncapHdr, EthHdr, IPPROTO_UDP, IPV4_LEN, Ipv4Hdr, UdpHdr,
         VXLAN_FLAG_VNI, VxlanHdr, ipv4_csum,
     },
-    maps::WEFT_PEERS,
+    maps::{WEFT_PATH_MTU, WEFT_PEERS},
     packet::{linear, read, write},
     verdict::{Done, Dropped},
 };
@@ -74,12 +76,61 @@ pub(crate) fn encap(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>,
     if too_big(ctx, cfg, len) {
         return Err(drop(Reason::DropTooBig));
     }
-    let new_len = encapsulate(ctx, cfg, &inner, &vtep).map_err(drop)?;
+    // The route to the peer carries its path MTU: the stack has checked
+    // the size against it.
+    let df = path(ctx, cfg, &vtep, outer_len(len)).df;
+    let new_len = encapsulate(ctx, cfg, &inner, &vtep, df).map_err(drop)?;
     Ok(Done {
         action: redirect_to_uplink(cfg),
         reason: Reason::Encapsulated,
         bytes: new_len,
     })
+}
+
+/// The outer IPv4 packet's length for a `len`-byte frame (Ethernet header
+/// included).
+#[inline(always)]
+pub(crate) fn outer_len(len: u32) -> u32 {
+    len - ETH_LEN as u32 + ENCAP_LEN as u32
+}
+
+/// Outer packets no larger than this never set don't-fragment and need no
+/// path lookup: every underlay carries them (IPv6's minimum MTU), and the
+/// small packets that dominate packet rates cost nothing more.
+const SMALL: u32 = 1280;
+
+/// What the path to a peer allows: its largest outer IPv4 packet, and
+/// whether the outer header says don't-fragment.
+pub(crate) struct Path {
+    pub(crate) mtu: u32,
+    pub(crate) df: bool,
+}
+
+/// The path to `vtep` for an outer packet (or GSO segment) of `outer`
+/// bytes: without per-peer path MTU, the uplink's MTU and no
+/// don't-fragment; with it, the measured MTU (and don't-fragment), or for
+/// a peer not measured the smaller of the uplink's and
+/// [`DEFAULT_PATH_MTU`] (don't-fragment on the prober's packets only).
+#[inline(always)]
+pub(crate) fn path(ctx: &TcContext, cfg: &DataplaneConfig, vtep: &Vtep, outer: u32) -> Path {
+    if cfg.flags & CONFIG_F_PATH_MTU == 0 || outer <= SMALL {
+        return Path {
+            mtu: cfg.uplink_mtu,
+            df: false,
+        };
+    }
+    // SAFETY: a lookup in a map of plain integers; the value is copied.
+    match unsafe { WEFT_PATH_MTU.get(vtep.addr_be) } {
+        Some(m) => Path {
+            mtu: (*m).min(cfg.uplink_mtu),
+            df: true,
+        },
+        None => Path {
+            mtu: cfg.uplink_mtu.min(DEFAULT_PATH_MTU),
+            // SAFETY: reading a field of the context's own sk_buff.
+            df: unsafe { (*ctx.skb.skb).mark } == PROBE_MARK,
+        },
+    }
 }
 
 /// Whether an encapsulated `len`-byte frame could not leave: a packet that
@@ -123,6 +174,9 @@ pub(crate) fn redirect_direct(cfg: &DataplaneConfig, nh_be: u32) -> i32 {
     }
 }
 
+/// The IPv4 don't-fragment flag (host order).
+const IP_DF: u16 = 0x4000;
+
 /// `AF_INET`.
 const AF_INET: u32 = 2;
 
@@ -135,6 +189,7 @@ pub(crate) fn encapsulate(
     cfg: &DataplaneConfig,
     inner: &Ipv4Hdr,
     vtep: &Vtep,
+    df: bool,
 ) -> Result<u32, Reason> {
     let len = ctx.len();
     // The source port spreads receivers' load by inner flow, as the kernel does.
@@ -155,7 +210,7 @@ pub(crate) fn encapsulate(
             tot_len: ip_len.to_be(),
             // SAFETY: a helper without arguments.
             id: (unsafe { bpf_get_prandom_u32() } as u16).to_be(),
-            frag_off: 0,
+            frag_off: if df { IP_DF.to_be() } else { 0 },
             ttl: 64,
             proto: IPPROTO_UDP,
             csum: 0,

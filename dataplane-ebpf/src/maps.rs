@@ -44,6 +44,12 @@ pub(crate) static WEFT_ENDPOINTS6: HashMap<[u8; 16], Endpoint> = HashMap::pinned
 #[map]
 pub(crate) static WEFT_POD_IFS: HashMap<u32, PodIf> = HashMap::pinned(MAX_ENDPOINTS, 0);
 
+/// Remote IPv4 VTEP (network order) -> the largest outer IPv4 packet
+/// (header included) its path was measured to carry; no entry: not
+/// measured (see `CONFIG_F_PATH_MTU`).
+#[map]
+pub(crate) static WEFT_PATH_MTU: HashMap<u32, u32> = HashMap::pinned(MAX_PEERS, 0);
+
 /// This node's settings: one entry.
 #[map]
 pub(crate) static WEFT_CONFIG: Array<DataplaneConfig> = Array::pinned(1, 0);

@@ -60,6 +60,7 @@ pub fn spec(node: &Node, subnet: Ipv4Net, pins: &TestPins, mode: XdpMode) -> Set
             forward_rules: true,
             underlay_mtu: None,
             direct_routing: false,
+            path_mtu: false,
         },
         subnet,
         subnet6: None,

@@ -2,13 +2,15 @@
 //! segment, node 3 on another 9000-byte segment behind a router whose link
 //! between the two carries 1500 bytes. No `Backend.MTU`: pods get 8950.
 //!
-//! Weft's outer packets do not set don't-fragment (as flannel's do not), so
-//! the router fragments what is too big for its link. Those fragments are
-//! no black hole: node 3's uplink programs pass them, the kernel
-//! reassembles them and the node's vxlan device decapsulates them, checked
-//! as the rest. Bulk TCP crosses both ways, from a pod (the fast path) and
-//! from the node itself (the host-stack path), and `weft doctor` names the
-//! smaller hop where the fragments arrive.
+//! Each agent measures each peer's path MTU through the tunnel (probes
+//! whose outer header says don't-fragment): 9000 between nodes 1 and 2,
+//! 1500 to and from node 3, with the router's ICMP on or dropped (the
+//! search does not need it). The route to node 3's pods then carries MTU
+//! 1450: a pod's don't-fragment packet too big for it is answered with
+//! "fragmentation needed" (mtu 1450) by its own node, on the fast path as
+//! on the host-stack path, while jumbo frames go through to node 2. Bulk
+//! TCP crosses both ways, from a pod (the fast path) and from the node
+//! itself (the host-stack path).
 
 use std::{
     net::Ipv4Addr,
@@ -18,11 +20,11 @@ use std::{
 use dataplane_common::Reason;
 use weft::dataplane::Counters;
 use weft_tests::{
-    agent::{eventually, weft_bin},
+    agent::eventually,
     cluster::{Node, Underlay, ping},
     netns::{Netns, veth},
     traffic::tcp_transfer,
-    weft_cluster::{ETCD_IP, WeftCluster, WeftNode},
+    weft_cluster::{WeftCluster, WeftNode},
 };
 
 const T: Duration = Duration::from_secs(30);
@@ -114,30 +116,29 @@ fn bulk(what: &str, to: (&Netns, Ipv4Addr), from: &Netns, port: u16) {
     println!("{what}: 32 MiB in {took:.1?}");
 }
 
-/// `weft doctor`'s line for `check` on node `n`.
-fn doctor_line(n: &WeftNode, check: &str) -> String {
-    let out = n
-        .node
-        .ns
-        .command(weft_bin().to_str().unwrap())
-        .args(["doctor", "--bpffs-dir"])
-        .arg(n.pins.path())
-        .arg("--state-dir")
-        .arg(n.agent.state_dir())
-        .arg("--subnet-file")
-        .arg(n.agent.subnet_file())
-        .args(["--etcd-endpoints", &format!("http://{ETCD_IP}:2379")])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.lines()
-        .find(|l| l.get(6..).is_some_and(|r| r.starts_with(check)))
-        .unwrap_or_else(|| panic!("no {check} line:\n{text}"))
-        .to_string()
+/// The path MTU node `n`'s status reports for `peer`'s subnet.
+fn path_mtu(n: &WeftNode, peer: &WeftNode) -> Option<u64> {
+    let subnet = peer.subnet;
+    let v = n.status_json()?;
+    v["peer_health"]
+        .as_array()?
+        .iter()
+        .find(|h| h["subnet"] == subnet.to_string())?["path_mtu"]
+        .as_u64()
 }
 
-#[test]
-fn a_smaller_hop_on_the_underlay_is_no_black_hole() {
+/// A don't-fragment ping's output (both streams).
+fn ping_df_output(from: &Netns, to: Ipv4Addr, size: u32) -> String {
+    let out = from
+        .command("ping")
+        .args(["-c", "1", "-W", "2", "-M", "do", "-s", &size.to_string()])
+        .arg(to.to_string())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn smaller_hop(router_icmp: bool) {
     let mut c = WeftCluster::new(0, &[]).unwrap();
     for i in 1..=2 {
         let node = Node::new(&c.underlay, i).unwrap();
@@ -148,7 +149,27 @@ fn a_smaller_hop_on_the_underlay_is_no_black_hole() {
         c.start_node_on(node, &[]).unwrap();
     }
     jumbo_bridge(&c.underlay.ns, "br0");
-    let (_router, node) = behind_a_small_link(&c.underlay);
+    let (router, node) = behind_a_small_link(&c.underlay);
+    if !router_icmp {
+        // The router's "fragmentation needed" never leaves it.
+        for chain in ["OUTPUT", "FORWARD"] {
+            router
+                .exec(
+                    "iptables",
+                    &[
+                        "-A",
+                        chain,
+                        "-p",
+                        "icmp",
+                        "--icmp-type",
+                        "fragmentation-needed",
+                        "-j",
+                        "DROP",
+                    ],
+                )
+                .unwrap();
+        }
+    }
     c.start_node_on(node, &[]).unwrap();
     for n in c.nodes.iter_mut() {
         n.use_cni();
@@ -166,25 +187,37 @@ fn a_smaller_hop_on_the_underlay_is_no_black_hole() {
         assert_eq!(mtu(&n.node.pods[0].ns, "eth0"), 8950, "pods' MTU");
     }
 
-    // Jumbo frames where the path carries them.
+    // Each path measured, both ways.
+    let want = [
+        (0, 1, 9000),
+        (1, 0, 9000),
+        (0, 2, 1500),
+        (2, 0, 1500),
+        (1, 2, 1500),
+        (2, 1, 1500),
+    ];
+    eventually("every path MTU measured", T, || {
+        want.iter()
+            .all(|(a, b, m)| path_mtu(&c.nodes[*a], &c.nodes[*b]) == Some(*m))
+            .then_some(())
+    });
+    assert!(n1.metric("weft_peers_path_mtu_measured") == 2.0);
+    assert!(n1.metric("weft_peer_path_mtu_min_bytes") == 1500.0);
+    let status = n1.weft(&["status"]).unwrap();
+    assert!(status.contains("1500 (measured"), "{status}");
+
+    // Jumbo frames where the path carries them; "fragmentation needed"
+    // with the path's MTU where it does not, from the pod's own node.
     assert!(ping_df(&p1.ns, p2.ip, 8900), "jumbo pod 1 -> pod 2");
-    let fragmented = packets(n3, Reason::Fragmented);
-    assert!(ping_df(&p1.ns, p3.ip, 8900), "jumbo pod 1 -> pod 3");
+    let out = ping_df_output(&p1.ns, p3.ip, 8900);
+    assert!(out.contains("mtu = 1450"), "pod 1 -> pod 3: {out}");
+    let out = ping_df_output(&p3.ns, p1.ip, 8900);
+    assert!(out.contains("mtu = 1450"), "pod 3 -> pod 1: {out}");
     assert!(
-        packets(n3, Reason::Fragmented) >= fragmented + 2,
-        "node 3 got them as fragments, and counted them"
-    );
-    // Doctor names it on node 3, not on node 2. (Node 2 first: doctor's
-    // full-size probes to its peers come back fragmented from node 3.)
-    let line = doctor_line(n2, "fragments");
-    assert!(line.starts_with("ok"), "{line}");
-    let line = doctor_line(n3, "fragments");
-    assert!(
-        line.starts_with("warn") && line.contains("arrived as outer fragments"),
-        "{line}"
+        ping_df(&p1.ns, p3.ip, 1422),
+        "a full 1450-byte packet pod 1 -> pod 3"
     );
     assert!(ping(&p3.ns, p1.ip, 2), "small pod 3 -> pod 1");
-    assert!(ping_df(&p3.ns, p1.ip, 8900), "jumbo pod 3 -> pod 1");
 
     // Bulk TCP both ways across the small hop: from the pods (the fast
     // path) and from the nodes (the host-stack path).
@@ -197,4 +230,20 @@ fn a_smaller_hop_on_the_underlay_is_no_black_hole() {
         packets(n3, Reason::DropMalformed) + packets(n1, Reason::DropMalformed),
         0
     );
+    // Measured paths set don't-fragment: nothing arrived as fragments.
+    assert_eq!(
+        packets(n3, Reason::Fragmented),
+        0,
+        "outer fragments at node 3"
+    );
+}
+
+#[test]
+fn a_smaller_hop_on_the_underlay_is_measured_and_enforced() {
+    smaller_hop(true);
+}
+
+#[test]
+fn a_smaller_hop_whose_router_drops_icmp_is_measured_all_the_same() {
+    smaller_hop(false);
 }

@@ -190,6 +190,8 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
                 rate: args.peer_probe_rate,
                 timeout: Duration::from_secs(1),
                 per_peer_metrics: args.peer_metrics,
+                // Set once the dataplane knows the uplink.
+                path_mtu: None,
             }
         }),
         prober: None,
@@ -299,6 +301,7 @@ impl Agent {
                     }
                     self.sync_endpoints().await;
                     self.check_old_subnet();
+                    self.apply_path_mtus().await;
                     ticks += 1;
                     if ticks.is_multiple_of(HEAL_EVERY_TICKS) {
                         self.heal().await;
@@ -587,6 +590,14 @@ impl Agent {
                             // changes.
                             rtt_us: h.rtt.map(|r| (r.as_micros() as u64 / 100) * 100),
                             error: h.last_error,
+                            path_mtu: h.path_mtu.map(|m| m.mtu),
+                            // To the 10 s: the report is rewritten when it
+                            // changes, and paths are checked that often.
+                            path_mtu_measured: h.path_mtu.and_then(|m| {
+                                m.at.duration_since(std::time::UNIX_EPOCH)
+                                    .ok()
+                                    .map(|d| d.as_secs() / 10 * 10)
+                            }),
                         })
                         .collect()
                 })
@@ -648,6 +659,24 @@ impl Agent {
         });
     }
 
+    /// Hands the path MTUs the prober measured (or lost) since the last
+    /// tick to the dataplane, and the uplink's MTU to the prober.
+    async fn apply_path_mtus(&mut self) {
+        let Some(p) = &self.prober else {
+            return;
+        };
+        if let Some(ceiling) = self.dataplane.path_mtu_ceiling() {
+            p.set_path_ceiling(ceiling);
+        }
+        let changes = p.take_path_changes();
+        if changes.is_empty() {
+            return;
+        }
+        if let Err(e) = self.dataplane.set_path_mtus(&changes).await {
+            tracing::warn!(error = %format!("{e:#}"), "cannot apply the measured path MTUs; the next check puts the routes right");
+        }
+    }
+
     async fn apply(&mut self, updates: &[PeerUpdate]) -> Result<()> {
         if updates.is_empty() {
             return Ok(());
@@ -669,8 +698,9 @@ impl Agent {
             self.metrics.set_counters(c);
         }
         if self.prober.is_none()
-            && let Some(settings) = self.probe
+            && let Some(mut settings) = self.probe
         {
+            settings.path_mtu = self.dataplane.path_mtu_ceiling();
             let p = health::Prober::start(settings)?;
             self.metrics.set_health(p.view());
             self.prober = Some(p);

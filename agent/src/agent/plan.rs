@@ -185,6 +185,7 @@ impl NodePlan {
                 forward_rules: args.iptables_forward_rules,
                 underlay_mtu: config.mtu,
                 direct_routing: config.direct_routing,
+                path_mtu: args.path_mtu && config.mtu.is_none() && args.peer_probe_interval > 0.0,
             }),
         };
         Ok(Self {

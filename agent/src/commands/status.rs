@@ -176,13 +176,16 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
         })
         .unwrap_or_default();
     println!(
-        "  {:<18} {:<16} {:<18} {:<7} {:<12} RTT",
-        "SUBNET", "VTEP", "MAC", "PATH", "HEALTH"
+        "  {:<18} {:<16} {:<18} {:<7} {:<12} {:<9} PATH MTU",
+        "SUBNET", "VTEP", "MAC", "PATH", "HEALTH", "RTT"
     );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     for p in &peers {
         let h = health.get(&p.subnet.to_string());
         println!(
-            "  {:<18} {:<16} {:<18} {:<7} {:<12} {}",
+            "  {:<18} {:<16} {:<18} {:<7} {:<12} {:<9} {}",
             p.subnet.to_string(),
             p.vtep.to_string(),
             p.mac.to_string(),
@@ -193,6 +196,11 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
                     "{:.1} ms",
                     us as f64 / 1000.0
                 )),
+            h.and_then(|h| h.path_mtu.map(|m| (m, h.path_mtu_measured)))
+                .map_or("-".to_string(), |(m, at)| match at {
+                    Some(at) => format!("{m} (measured {}s ago)", now.saturating_sub(at)),
+                    None => m.to_string(),
+                }),
         );
         if let Some(e) = h.and_then(|h| h.error.as_deref()) {
             println!("    last probe: {}", super::shown(e));

@@ -466,3 +466,35 @@ impl EndpointMap {
             .with_context(|| format!("removing endpoint {ip}"))
     }
 }
+
+/// Measured path MTUs by remote IPv4 VTEP (`WEFT_PATH_MTU`): the largest
+/// outer packet each peer's path carries.
+pub(crate) struct PathMtuMap(BpfHashMap<MapData, u32, u32>);
+
+impl PathMtuMap {
+    pub(crate) fn open(pins: &PinDir) -> Result<Self> {
+        Ok(Self(BpfHashMap::try_from(open_pinned(
+            pins,
+            map_names::PATH_MTU,
+        )?)?))
+    }
+
+    /// Every entry: VTEP -> path MTU.
+    pub(crate) fn all(&self) -> Result<HashMap<Ipv4Addr, u32>> {
+        let mut out = HashMap::new();
+        for item in self.0.iter() {
+            let (k, v) = item?;
+            out.insert(from_be(k), v);
+        }
+        Ok(out)
+    }
+
+    /// Sets (or, with None, removes) `vtep`'s path MTU.
+    pub(crate) fn set(&mut self, vtep: Ipv4Addr, mtu: Option<u32>) -> Result<()> {
+        match mtu {
+            Some(m) => self.0.insert(be(vtep), m, 0),
+            None => removed(self.0.remove(&be(vtep))),
+        }
+        .with_context(|| format!("setting the path MTU of {vtep}"))
+    }
+}

@@ -310,6 +310,30 @@ impl Dataplane {
         }
     }
 
+    /// The uplink's MTU, where per-peer path MTU is on (see
+    /// [`overlay::Overlay::path_mtu_ceiling`]).
+    pub(crate) fn path_mtu_ceiling(&self) -> Option<u32> {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => o.path_mtu_ceiling(),
+            _ => None,
+        }
+    }
+
+    /// Paths measured or lost, to the programs and routes.
+    pub(crate) async fn set_path_mtus(
+        &mut self,
+        changes: &[(std::net::Ipv4Addr, Option<u32>)],
+    ) -> Result<()> {
+        match &mut self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => o.set_path_mtus(changes).await,
+            _ => Ok(()),
+        }
+    }
+
     /// The subnets of the peers reached without encapsulation.
     pub(crate) fn direct_peers(&self) -> Vec<IpNet> {
         match &self.kind {

@@ -20,7 +20,9 @@ use rtnetlink::{
             InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, LinkXdp,
             XdpAttached as Attached,
         },
-        route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope},
+        route::{
+            RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
+        },
     },
 };
 
@@ -91,6 +93,9 @@ pub(crate) struct Route {
     pub gateway: Option<IpAddr>,
     pub oif: u32,
     pub onlink: bool,
+    /// The route's MTU (a peer's path MTU less VXLAN's overhead, where it
+    /// is below the device's); None: the device's.
+    pub mtu: Option<u32>,
 }
 
 impl Route {
@@ -120,7 +125,12 @@ macro_rules! route_message {
         if let Some($s) = $src {
             b = b.pref_source($sv);
         }
-        b.build()
+        let mut m = b.build();
+        if let Some(mtu) = route.mtu {
+            m.attributes
+                .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+        }
+        m
     }};
 }
 
@@ -778,8 +788,15 @@ fn parse_route(m: &RouteMessage) -> Option<Route> {
     let dst = route_dst(m)?;
     let mut gateway = None;
     let mut oif = None;
+    let mut mtu = None;
     for a in &m.attributes {
         match a {
+            RouteAttribute::Metrics(ms) => {
+                mtu = ms.iter().find_map(|x| match x {
+                    RouteMetric::Mtu(v) => Some(*v),
+                    _ => None,
+                });
+            }
             RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(IpAddr::V4(*ip)),
             RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gateway = Some(IpAddr::V6(*ip)),
             RouteAttribute::Oif(i) => oif = Some(*i),
@@ -795,5 +812,6 @@ fn parse_route(m: &RouteMessage) -> Option<Route> {
             .header
             .flags
             .contains(rtnetlink::packet_route::route::RouteFlags::Onlink),
+        mtu,
     })
 }

@@ -205,6 +205,9 @@ pub struct DataplaneSpec {
     /// Reach peers on the uplink's own subnet without encapsulation
     /// (`Backend.DirectRouting`).
     pub direct_routing: bool,
+    /// Per-peer path MTU (`--path-mtu`, without `Backend.MTU`): the
+    /// programs mark and limit per peer, routes carry each peer's MTU.
+    pub path_mtu: bool,
 }
 
 impl DataplaneSpec {

@@ -10,6 +10,7 @@
 //! per-peer series only with `--peer-metrics`, as they grow with the
 //! square of the cluster) and to `weft status`.
 
+pub(crate) mod path_mtu;
 pub(crate) mod table;
 
 use std::{
@@ -27,6 +28,7 @@ use anyhow::{Context as _, Result};
 use ipnet::IpNet;
 
 use crate::sys::icmp::Pinger;
+use path_mtu::PathMtus;
 use table::{State, Table};
 
 /// The probe's size on the wire, IP header included (a ping's default).
@@ -47,6 +49,9 @@ pub(crate) struct Settings {
     pub timeout: Duration,
     /// Export a series per peer, not only the aggregates.
     pub per_peer_metrics: bool,
+    /// Measure each IPv4 peer's path MTU ([`path_mtu`]), up to this
+    /// (the uplink's MTU); None: not measured.
+    pub path_mtu: Option<u32>,
 }
 
 /// One peer as `weft status` shows it.
@@ -57,10 +62,13 @@ pub(crate) struct PeerHealth {
     pub state: State,
     pub rtt: Option<Duration>,
     pub last_error: Option<String>,
+    /// The path MTU measured to it (outer packet), and when.
+    pub path_mtu: Option<path_mtu::Measured>,
 }
 
 struct Shared {
     table: Mutex<Table>,
+    path: Option<Mutex<PathMtus>>,
     hist: Mutex<Histogram>,
     stop: AtomicBool,
     settings: Settings,
@@ -94,6 +102,9 @@ impl Prober {
                 settings.rate,
                 settings.timeout,
             )),
+            path: settings.path_mtu.map(|ceiling| {
+                Mutex::new(PathMtus::new(ceiling, settings.timeout, settings.interval))
+            }),
             hist: Mutex::default(),
             stop: AtomicBool::new(false),
             settings,
@@ -116,6 +127,29 @@ impl Prober {
             .lock()
             .expect("prober lock")
             .set_peers(peers, Instant::now());
+        if let Some(p) = &self.shared.path {
+            p.lock()
+                .expect("prober lock")
+                .set_peers(peers, Instant::now());
+        }
+    }
+
+    /// Path MTUs found or lost since the last call: IPv4 VTEP -> the
+    /// largest outer packet its path carries (None: not measured).
+    pub(crate) fn take_path_changes(&self) -> Vec<(std::net::Ipv4Addr, Option<u32>)> {
+        self.shared
+            .path
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.lock().expect("prober lock").take_changes())
+    }
+
+    /// The uplink's MTU changed: paths are searched up to it, again.
+    pub(crate) fn set_path_ceiling(&self, ceiling: u32) {
+        if let Some(p) = &self.shared.path {
+            p.lock()
+                .expect("prober lock")
+                .set_ceiling(ceiling, Instant::now());
+        }
     }
 
     /// Peer changes, one by one (the full set comes with
@@ -123,10 +157,25 @@ impl Prober {
     pub(crate) fn apply(&self, updates: &[crate::dataplane::PeerUpdate]) {
         let now = Instant::now();
         let mut t = self.shared.table.lock().expect("prober lock");
+        let mut path = self
+            .shared
+            .path
+            .as_ref()
+            .map(|p| p.lock().expect("prober lock"));
         for u in updates {
             match u {
-                crate::dataplane::PeerUpdate::Upsert(p) => t.upsert(p.subnet, p.vtep, now),
-                crate::dataplane::PeerUpdate::Remove(s) => t.remove(s),
+                crate::dataplane::PeerUpdate::Upsert(p) => {
+                    t.upsert(p.subnet, p.vtep, now);
+                    if let Some(path) = &mut path {
+                        path.upsert(p.subnet, p.vtep, now);
+                    }
+                }
+                crate::dataplane::PeerUpdate::Remove(s) => {
+                    t.remove(s);
+                    if let Some(path) = &mut path {
+                        path.remove(s);
+                    }
+                }
             }
         }
     }
@@ -146,9 +195,16 @@ impl Prober {
                 state: e.state,
                 rtt: e.rtt(),
                 last_error: e.last_error.as_ref().map(|m| m.describe(timeout)),
+                path_mtu: None,
             })
             .collect();
         drop(t);
+        if let Some(path) = &self.shared.path {
+            let path = path.lock().expect("prober lock");
+            for p in &mut out {
+                p.path_mtu = path.get(&p.subnet);
+            }
+        }
         out.sort_by_key(|p| (p.state, p.subnet));
         out.truncate(limit);
         out.sort_by_key(|p| p.subnet);
@@ -174,6 +230,8 @@ impl Drop for Prober {
 fn run(s: &Shared) {
     let id = (std::process::id() & 0xffff) as u16;
     let mut pingers: [Option<Pinger>; 2] = [None, None];
+    let mut path_pinger: Option<Pinger> = None;
+    let path_id = id ^ 0x4000;
     let rate = s.settings.rate.max(0.1);
     // A quarter second's worth at once at most: the bound holds over any
     // window, not only on average.
@@ -217,6 +275,37 @@ fn run(s: &Shared) {
                     .failed(seq, why, Instant::now());
             }
         }
+        // Path MTU probes: what the health probes left of the budget.
+        let mut next = next;
+        if let Some(path) = &s.path {
+            let (due, at) = {
+                let mut p = path.lock().expect("prober lock");
+                p.expire(now);
+                let due = p.due(now, tokens.max(0.0) as usize);
+                (due, p.next_event())
+            };
+            tokens -= due.len() as f64;
+            next = match (next, at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if !due.is_empty() && path_pinger.is_none() {
+                match Pinger::open_path_probe(path_id, dataplane_common::PROBE_MARK) {
+                    Ok(p) => path_pinger = Some(p),
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "path MTU: cannot open the probe socket")
+                    }
+                }
+            }
+            if let Some(p) = &path_pinger {
+                for (target, size, seq) in due {
+                    let inner = size.saturating_sub(dataplane_common::VXLAN_OVERHEAD) as usize;
+                    if let Err(e) = p.send(target, seq, inner) {
+                        tracing::debug!(%target, size, error = %format!("{e:#}"), "path MTU probe not sent");
+                    }
+                }
+            }
+        }
         // Sleep until the next event (once a token is there for it), or
         // an answer.
         let until_event = next.map_or(Duration::from_millis(200), |n| {
@@ -226,14 +315,20 @@ fn run(s: &Shared) {
         let wait = until_event
             .max(until_token)
             .clamp(Duration::from_millis(1), Duration::from_millis(200));
-        receive(s, &mut pingers, wait);
+        receive(s, &mut pingers, &mut path_pinger, wait);
     }
 }
 
 /// Waits up to `wait` for answers on the open sockets and books them.
-fn receive(s: &Shared, pingers: &mut [Option<Pinger>; 2], wait: Duration) {
+fn receive(
+    s: &Shared,
+    pingers: &mut [Option<Pinger>; 2],
+    path_pinger: &mut Option<Pinger>,
+    wait: Duration,
+) {
     let mut fds: Vec<libc::pollfd> = pingers
         .iter()
+        .chain(std::iter::once(&*path_pinger))
         .flatten()
         .map(|p| libc::pollfd {
             fd: p.fd(),
@@ -255,6 +350,13 @@ fn receive(s: &Shared, pingers: &mut [Option<Pinger>; 2], wait: Duration) {
     };
     if n <= 0 {
         return;
+    }
+    if let (Some(p), Some(path)) = (path_pinger.as_mut(), &s.path) {
+        while let Ok(Some(e)) = p.recv(Duration::from_micros(1)) {
+            path.lock()
+                .expect("prober lock")
+                .answered(e.seq, e.from, Instant::now());
+        }
     }
     for p in pingers.iter_mut().flatten() {
         while let Ok(Some(e)) = p.recv(Duration::from_micros(1)) {
@@ -350,6 +452,40 @@ impl HealthView {
             }
         }
         drop(t);
+        if let Some(path) = &s.path {
+            let p = path.lock().expect("prober lock");
+            let mut measured: Vec<(IpNet, std::net::Ipv4Addr, u32)> =
+                p.measured().map(|(s, v, m)| (*s, v, m)).collect();
+            measured.sort();
+            let _ = writeln!(
+                o,
+                "# HELP weft_peers_path_mtu_measured IPv4 peers whose path MTU is measured (the others get the base size).\n# TYPE weft_peers_path_mtu_measured gauge\nweft_peers_path_mtu_measured {}",
+                measured.len()
+            );
+            let _ = writeln!(
+                o,
+                "# HELP weft_peer_path_mtu_min_bytes The smallest path MTU measured to any peer (outer packet, 0: none measured).\n# TYPE weft_peer_path_mtu_min_bytes gauge\nweft_peer_path_mtu_min_bytes {}",
+                measured.iter().map(|m| m.2).min().unwrap_or(0)
+            );
+            let _ = writeln!(
+                o,
+                "# HELP weft_path_mtu_probes_total Path MTU probes sent, by whether they were answered.\n# TYPE weft_path_mtu_probes_total counter\nweft_path_mtu_probes_total{{result=\"answered\"}} {}\nweft_path_mtu_probes_total{{result=\"unanswered\"}} {}",
+                p.answered,
+                p.probes.saturating_sub(p.answered)
+            );
+            if s.settings.per_peer_metrics {
+                let _ = writeln!(
+                    o,
+                    "# HELP weft_peer_path_mtu_bytes The path MTU measured to the peer (outer packet).\n# TYPE weft_peer_path_mtu_bytes gauge"
+                );
+                for (subnet, vtep, m) in &measured {
+                    let _ = writeln!(
+                        o,
+                        "weft_peer_path_mtu_bytes{{subnet=\"{subnet}\",vtep=\"{vtep}\"}} {m}"
+                    );
+                }
+            }
+        }
         let h = s.hist.lock().expect("prober lock");
         let name = "weft_peer_rtt_seconds";
         let _ = writeln!(

@@ -94,6 +94,25 @@ impl Pinger {
         })
     }
 
+    /// An IPv4 echo socket for path MTU probes: its packets carry `mark`
+    /// (the programs set don't-fragment on their outer header), and may be
+    /// as large as the device allows whatever MTU the route to the peer
+    /// says (`IP_PMTUDISC_PROBE`).
+    pub(crate) fn open_path_probe(id: u16, mark: u32) -> Result<Self> {
+        let p = Self::open(false, id)?;
+        p.sock
+            .set(libc::SOL_SOCKET, libc::SO_MARK, mark as libc::c_int)
+            .context("setting SO_MARK on the path MTU probe socket")?;
+        p.sock
+            .set(
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_PROBE,
+            )
+            .context("setting IP_PMTUDISC_PROBE on the path MTU probe socket")?;
+        Ok(p)
+    }
+
     /// The socket, to poll.
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         self.sock.fd.as_raw_fd()

@@ -47,7 +47,7 @@ use super::{
     endpoints::{EndpointSpec, EndpointSync, Endpoints, Scope},
     host,
     loader::{self, Attachment},
-    maps::{Counters, EndpointMap, PeerMaps},
+    maps::{Counters, EndpointMap, PathMtuMap, PeerMaps},
     netfilter::{self, NetfilterSpec},
     netlink::Netlink,
     teardown::teardown,
@@ -65,6 +65,8 @@ pub(crate) struct Overlay {
     programs: Programs,
     counters: Arc<Counters>,
     endpoint_map: EndpointMap,
+    /// Measured path MTUs for the programs (per-peer path MTU on).
+    path_map: Option<PathMtuMap>,
     endpoints: Endpoints,
     /// Makes fast-path TCP flows liberal in conntrack when the programs ask
     /// (`--host-routing auto`); stopped with the overlay.
@@ -164,8 +166,17 @@ impl Overlay {
         spec.pins.announce(&spec.state_dir)?;
         let mut maps = PeerMaps::open(&spec.pins)?;
         programs::carry_over(&mut maps, replaced);
-        let table = PeerTable::adopt(maps)?;
+        let mut table = PeerTable::adopt(maps)?;
+        // Paths measured before a restart stay in use until measured again.
+        let path_map = if spec.path_mtu {
+            let m = PathMtuMap::open(&spec.pins)?;
+            table.set_path_mtu(true, m.all()?);
+            Some(m)
+        } else {
+            None
+        };
         let mut o = Self {
+            path_map,
             endpoint_map: EndpointMap::open(&spec.pins)?,
             counters: Arc::new(Counters::open(&spec.pins)?),
             spec,
@@ -275,6 +286,31 @@ impl Overlay {
     /// bytes more than IPv4, and one pod interface carries both).
     pub(crate) fn mtu(&self) -> u32 {
         self.devices.pods_mtu(&self.spec, &self.subnets)
+    }
+
+    /// The largest outer packet a path can be measured at (the uplink's
+    /// MTU), where per-peer path MTU is on.
+    pub(crate) fn path_mtu_ceiling(&self) -> Option<u32> {
+        self.spec.path_mtu.then_some(self.devices.uplink.mtu)
+    }
+
+    /// Paths measured (or lost): each VTEP's MTU goes to the programs
+    /// and the routes of its subnets. A route that cannot be changed is
+    /// retried as a route problem.
+    pub(crate) async fn set_path_mtus(
+        &mut self,
+        changes: &[(std::net::Ipv4Addr, Option<u32>)],
+    ) -> Result<()> {
+        let Some(map) = &mut self.path_map else {
+            return Ok(());
+        };
+        let mut peers = Vec::new();
+        for (vtep, mtu) in changes {
+            map.set(*vtep, *mtu)?;
+            peers.extend(self.table.set_path(*vtep, *mtu));
+        }
+        let r = routing!(self);
+        self.table.install_routes(&r, &peers).await
     }
 
     /// The subnets of the peers reached without encapsulation.

@@ -94,6 +94,10 @@ pub(crate) struct PeerTable {
     problems: BTreeMap<IpNet, Problem>,
     /// Peers reached without encapsulation (DirectRouting), by subnet.
     direct: HashSet<IpNet>,
+    /// Per-peer path MTU is on, and the paths measured (IPv4 VTEP ->
+    /// largest outer packet).
+    path_mtu: bool,
+    paths: HashMap<std::net::Ipv4Addr, u32>,
 }
 
 impl PeerTable {
@@ -107,11 +111,56 @@ impl PeerTable {
             peers,
             problems: BTreeMap::new(),
             direct,
+            path_mtu: false,
+            paths: HashMap::new(),
         })
     }
 
     pub(super) fn peers(&self) -> &HashMap<IpNet, Peer> {
         &self.peers
+    }
+
+    /// Per-peer path MTU on or off, with the paths measured so far.
+    pub(super) fn set_path_mtu(&mut self, on: bool, paths: HashMap<std::net::Ipv4Addr, u32>) {
+        self.path_mtu = on;
+        self.paths = paths;
+    }
+
+    /// `vtep`'s path MTU is now `mtu` (None: not measured); returns the
+    /// peers whose route changes with it.
+    pub(super) fn set_path(&mut self, vtep: std::net::Ipv4Addr, mtu: Option<u32>) -> Vec<Peer> {
+        match mtu {
+            Some(m) => self.paths.insert(vtep, m),
+            None => self.paths.remove(&vtep),
+        };
+        self.peers
+            .values()
+            .filter(|p| p.vtep == IpAddr::V4(vtep))
+            .copied()
+            .collect()
+    }
+
+    /// The MTU of the route to `p`: its path's (measured, or the base
+    /// size where not) less VXLAN's overhead, where that is below the
+    /// overlay device's; None where the device's applies (IPv6 subnets,
+    /// whose outer headers the kernel's vxlan device writes and sizes).
+    fn route_mtu(&self, r: &Routing<'_>, p: &Peer) -> Option<u32> {
+        let (IpNet::V4(_), IpAddr::V4(vtep)) = (p.subnet, p.vtep) else {
+            return None;
+        };
+        if !self.path_mtu {
+            return None;
+        }
+        let uplink = r.devices.uplink.mtu;
+        let path = self
+            .paths
+            .get(&vtep)
+            .copied()
+            .unwrap_or(uplink.min(dataplane_common::DEFAULT_PATH_MTU))
+            .min(uplink);
+        let device = Family::V4.overlay_mtu(uplink);
+        let mtu = path.saturating_sub(dataplane_common::VXLAN_OVERHEAD);
+        (mtu < device).then_some(mtu)
     }
 
     pub(super) fn direct(&self) -> &HashSet<IpNet> {
@@ -133,10 +182,11 @@ impl PeerTable {
                 gateway: Some(p.vtep),
                 oif: r.devices.uplink.index,
                 onlink: false,
+                mtu: None,
             });
         }
         let oif = r.devices.index(Family::of(p.subnet.addr()))?;
-        Some(device_route(p, oif))
+        Some(device_route(p, oif, self.route_mtu(r, p)))
     }
 
     /// Applies many updates at once: map entries one by one, in order, and
@@ -423,12 +473,13 @@ impl PeerTable {
 /// own, and the kernel's nexthop table hashes them all into one chain (the
 /// gateway is not in its hash): adding 20,000 such routes took 5.7 s
 /// against 0.24 s without gateways, and quadratically more beyond.
-fn device_route(p: &Peer, device_index: u32) -> Route {
+fn device_route(p: &Peer, device_index: u32, mtu: Option<u32>) -> Route {
     Route {
         dst: p.subnet.network(),
         prefix_len: p.subnet.prefix_len(),
         gateway: None,
         oif: device_index,
         onlink: false,
+        mtu,
     }
 }

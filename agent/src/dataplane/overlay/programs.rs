@@ -5,7 +5,8 @@
 use anyhow::{Result, bail};
 use dataplane_common::{
     CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_KERNEL_RX,
-    CONFIG_F_READY, CONFIG_F_SOURCE_CHECK, DataplaneConfig, map_names, program_names,
+    CONFIG_F_PATH_MTU, CONFIG_F_READY, CONFIG_F_SOURCE_CHECK, DataplaneConfig, map_names,
+    program_names,
 };
 
 use super::super::{
@@ -337,6 +338,7 @@ pub(super) fn config(
             | if kernel_rx { CONFIG_F_KERNEL_RX } else { 0 }
             | if on(Family::V4) { CONFIG_F_IPV4 } else { 0 }
             | if on(Family::V6) { CONFIG_F_IPV6 } else { 0 }
+            | if spec.path_mtu { CONFIG_F_PATH_MTU } else { 0 }
             | match spec.host_routing {
                 HostRouting::Legacy => 0,
                 HostRouting::Bpf => CONFIG_F_BYPASS,

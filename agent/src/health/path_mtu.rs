@@ -1,0 +1,520 @@
+//! Per-peer path MTU search: pure bookkeeping on a clock the caller passes
+//! in (tested without sockets), driven by the prober's thread.
+//!
+//! Each IPv4 peer's path is measured by probing it through the tunnel with
+//! echo requests whose outer header says don't-fragment (the programs set
+//! it on packets carrying the prober's mark), in the manner of RFC 8899's
+//! packetization-layer probing: a size counts as carried once the peer
+//! answers it, and as too big after [`TRIES`] probes of it went
+//! unanswered. The search starts at the base size (the smaller of the
+//! uplink's MTU and 1500, what a peer not measured is given), tries the
+//! uplink's MTU next, and then bisects over the MTUs underlays have (the
+//! plateaus of RFC 1191 and the jumbo sizes), so a 9000-byte segment
+//! behind a 1500-byte hop is found in a few probes, not dozens. A path
+//! whose base size goes unanswered is searched downwards the same way.
+//!
+//! A measured path is checked again at its size every recheck period (a
+//! path that shrank is searched again from below) and searched upwards
+//! again every [`RESEARCH`] (one that grew). Probes share the prober's
+//! rate bound. One source port suffices: the outer source port is the
+//! hash of the inner flow, and a probe's inner flow is fixed, so its path
+//! is one of the underlay's equal-cost paths; the checks at each size and
+//! the hand-back of oversize packets to the stack (which answers with
+//! ICMP) keep the others honest only where their MTUs agree, which is the
+//! common case of one fabric.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr},
+    time::{Duration, Instant, SystemTime},
+};
+
+use ipnet::IpNet;
+
+/// Probes of one size unanswered before it counts as too big.
+pub(crate) const TRIES: u8 = 2;
+/// How soon an unanswered size is tried again.
+const RETRY: Duration = Duration::from_millis(300);
+/// How often a measured path is searched upwards again.
+pub(crate) const RESEARCH: Duration = Duration::from_secs(600);
+/// The smallest outer packet searched for (IPv6's minimum MTU: an underlay
+/// that carries less is not one VXLAN runs on).
+pub(crate) const FLOOR: u32 = 1280;
+/// MTUs underlays have, smallest first.
+const PLATEAUS: [u32; 14] = [
+    1280, 1380, 1400, 1420, 1450, 1480, 1492, 1500, 4352, 4470, 8192, 8950, 9000, 9216,
+];
+
+/// One peer's search.
+#[derive(Clone, Debug)]
+struct Search {
+    vtep: Ipv4Addr,
+    /// The largest size answered since the search began (0: none).
+    lo: u32,
+    /// The smallest size found too big (above the ceiling: none).
+    hi: u32,
+    /// Unanswered probes of the size in flight or next.
+    misses: u8,
+    /// The probe in flight: (seq, size, sent).
+    in_flight: Option<(u16, u32, Instant)>,
+    next_at: Instant,
+    /// What the dataplane was told, and when it was measured.
+    mtu: Option<u32>,
+    measured: Option<SystemTime>,
+    /// When the path is next searched upwards.
+    research_at: Instant,
+}
+
+/// A peer's path MTU as `weft status` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Measured {
+    pub mtu: u32,
+    pub at: SystemTime,
+}
+
+/// Every IPv4 peer's search.
+pub(crate) struct PathMtus {
+    /// The uplink's MTU: the largest outer packet searched for.
+    ceiling: u32,
+    timeout: Duration,
+    recheck: Duration,
+    peers: HashMap<IpNet, Search>,
+    by_seq: HashMap<u16, IpNet>,
+    seq: u16,
+    /// Paths changed since the dataplane was last told: VTEP -> MTU (None:
+    /// not measured, the base size applies).
+    changes: HashMap<Ipv4Addr, Option<u32>>,
+    /// Probes sent, and those answered.
+    pub probes: u64,
+    pub answered: u64,
+}
+
+impl PathMtus {
+    pub(crate) fn new(ceiling: u32, timeout: Duration, recheck: Duration) -> Self {
+        Self {
+            ceiling,
+            timeout,
+            recheck,
+            peers: HashMap::new(),
+            by_seq: HashMap::new(),
+            seq: 0,
+            changes: HashMap::new(),
+            probes: 0,
+            answered: 0,
+        }
+    }
+
+    /// The base size: what a peer not measured is given.
+    pub(crate) fn base(&self) -> u32 {
+        self.ceiling.min(dataplane_common::DEFAULT_PATH_MTU)
+    }
+
+    /// The uplink's MTU changed: every path is searched again.
+    pub(crate) fn set_ceiling(&mut self, ceiling: u32, now: Instant) {
+        if ceiling == self.ceiling {
+            return;
+        }
+        self.ceiling = ceiling;
+        let subnets: Vec<(IpNet, Ipv4Addr)> =
+            self.peers.iter().map(|(s, e)| (*s, e.vtep)).collect();
+        for (s, v) in subnets {
+            self.remove(&s);
+            self.upsert(s, IpAddr::V4(v), now);
+        }
+    }
+
+    /// A peer added or changed (a new VTEP is a new path). Only IPv4
+    /// peers are searched (IPv6's outer headers are the kernel vxlan
+    /// device's, which learns the path MTU from Packet Too Big itself).
+    pub(crate) fn upsert(&mut self, subnet: IpNet, vtep: IpAddr, now: Instant) {
+        let (IpNet::V4(_), IpAddr::V4(vtep)) = (subnet, vtep) else {
+            return;
+        };
+        if self.peers.get(&subnet).is_some_and(|e| e.vtep == vtep) {
+            return;
+        }
+        self.remove(&subnet);
+        self.peers.insert(
+            subnet,
+            Search {
+                vtep,
+                lo: 0,
+                hi: self.ceiling + 1,
+                misses: 0,
+                in_flight: None,
+                next_at: now,
+                mtu: None,
+                measured: None,
+                research_at: now + RESEARCH,
+            },
+        );
+    }
+
+    /// A peer gone.
+    pub(crate) fn remove(&mut self, subnet: &IpNet) {
+        if let Some(e) = self.peers.remove(subnet) {
+            if let Some((seq, ..)) = e.in_flight {
+                self.by_seq.remove(&seq);
+            }
+            if e.mtu.is_some() && !self.peers.values().any(|o| o.vtep == e.vtep) {
+                self.changes.insert(e.vtep, None);
+            }
+        }
+    }
+
+    /// The peers are now `peers`: gone ones are forgotten.
+    pub(crate) fn set_peers(&mut self, peers: &[(IpNet, IpAddr)], now: Instant) {
+        let keep: std::collections::HashSet<IpNet> = peers.iter().map(|(s, _)| *s).collect();
+        let gone: Vec<IpNet> = self
+            .peers
+            .keys()
+            .filter(|s| !keep.contains(s))
+            .copied()
+            .collect();
+        for s in gone {
+            self.remove(&s);
+        }
+        for (s, v) in peers {
+            self.upsert(*s, *v, now);
+        }
+    }
+
+    /// The sizes searched: the plateaus up to the uplink's MTU, and its.
+    fn candidates(&self) -> Vec<u32> {
+        let mut c: Vec<u32> = PLATEAUS
+            .iter()
+            .copied()
+            .filter(|p| *p <= self.ceiling)
+            .chain([self.ceiling, self.base()])
+            .collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    }
+
+    /// The size a search probes next, or None once it is done.
+    fn next_size(&self, e: &Search) -> Option<u32> {
+        let base = self.base();
+        let cands = self.candidates();
+        if e.lo == 0 {
+            // A check of what was measured, then the base size, then
+            // downwards.
+            if let Some(m) = e.mtu
+                && m < e.hi
+            {
+                return Some(m);
+            }
+            if e.hi > base {
+                return Some(base);
+            }
+            let below: Vec<u32> = cands
+                .into_iter()
+                .filter(|p| *p < e.hi && *p >= FLOOR)
+                .collect();
+            return below.get(below.len() / 2).copied();
+        }
+        if e.hi > self.ceiling {
+            return (e.lo < self.ceiling).then_some(self.ceiling);
+        }
+        // Bisect over the sizes strictly between what was answered and
+        // what was too big.
+        let between: Vec<u32> = cands
+            .into_iter()
+            .filter(|p| *p > e.lo && *p < e.hi)
+            .collect();
+        between.get(between.len() / 2).copied()
+    }
+
+    /// Up to `budget` probes whose time has come: (target, size, seq),
+    /// each now in flight. The target is the peer's overlay address; the
+    /// size is the outer packet's (the echo request is 50 bytes smaller).
+    pub(crate) fn due(&mut self, now: Instant, budget: usize) -> Vec<(IpAddr, u32, u16)> {
+        let mut out = Vec::new();
+        let mut done = Vec::new();
+        let subnets: Vec<IpNet> = self
+            .peers
+            .iter()
+            .filter(|(_, e)| e.in_flight.is_none() && e.next_at <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        for subnet in subnets {
+            if out.len() >= budget {
+                break;
+            }
+            let e = &self.peers[&subnet];
+            let size = match self.next_size(e) {
+                Some(s) => s,
+                None => {
+                    done.push(subnet);
+                    continue;
+                }
+            };
+            let seq = self.next_seq();
+            let e = self.peers.get_mut(&subnet).expect("listed above");
+            e.in_flight = Some((seq, size, now));
+            self.by_seq.insert(seq, subnet);
+            self.probes += 1;
+            out.push((subnet.network(), size, seq));
+        }
+        for subnet in done {
+            self.finish(subnet, now);
+        }
+        out
+    }
+
+    /// A search with nothing left to probe: its result goes to the
+    /// dataplane, and the path is checked again at its size later.
+    fn finish(&mut self, subnet: IpNet, now: Instant) {
+        let recheck = self.recheck;
+        let Some(e) = self.peers.get_mut(&subnet) else {
+            return;
+        };
+        let mtu = (e.lo > 0).then_some(e.lo);
+        if mtu != e.mtu {
+            tracing::info!(%subnet, vtep = %e.vtep, from = ?e.mtu, to = ?mtu, "path MTU to the peer");
+            e.mtu = mtu;
+            self.changes.insert(e.vtep, mtu);
+        }
+        if mtu.is_some() {
+            e.measured = Some(SystemTime::now());
+        }
+        // The check: the measured size again (the search goes on from
+        // there only if it is no longer answered), or upwards again now
+        // and then, or from scratch where nothing was measured.
+        let research = now >= e.research_at;
+        if research {
+            e.research_at = now + RESEARCH;
+        }
+        e.hi = match e.mtu {
+            Some(m) if !research => m + 1,
+            _ => self.ceiling + 1,
+        };
+        e.lo = 0;
+        e.misses = 0;
+        e.next_at = now + recheck;
+    }
+
+    fn next_seq(&mut self) -> u16 {
+        loop {
+            self.seq = self.seq.wrapping_add(1);
+            if self.seq != 0 && !self.by_seq.contains_key(&self.seq) {
+                return self.seq;
+            }
+        }
+    }
+
+    /// The probe `seq` was answered by `from`.
+    pub(crate) fn answered(&mut self, seq: u16, from: IpAddr, now: Instant) {
+        let Some(subnet) = self.by_seq.get(&seq).copied() else {
+            return;
+        };
+        if subnet.network() != from {
+            return;
+        }
+        self.by_seq.remove(&seq);
+        let Some(e) = self.peers.get_mut(&subnet) else {
+            return;
+        };
+        let Some((s, size, _)) = e.in_flight.take() else {
+            return;
+        };
+        if s != seq {
+            return;
+        }
+        self.answered += 1;
+        e.lo = e.lo.max(size);
+        if e.hi <= e.lo {
+            e.hi = self.ceiling + 1;
+        }
+        e.misses = 0;
+        e.next_at = now;
+    }
+
+    /// Probes whose time is up count as misses; a size missed [`TRIES`]
+    /// times is too big. A measured size that is no longer answered
+    /// starts the search again from below at once (its MTU goes back to
+    /// the base size until then).
+    pub(crate) fn expire(&mut self, now: Instant) {
+        let timeout = self.timeout;
+        let expired: Vec<(IpNet, u16, u32)> = self
+            .peers
+            .iter()
+            .filter_map(|(s, e)| {
+                let (seq, size, sent) = e.in_flight?;
+                (now.duration_since(sent) >= timeout).then_some((*s, seq, size))
+            })
+            .collect();
+        for (subnet, seq, size) in expired {
+            self.by_seq.remove(&seq);
+            let Some(e) = self.peers.get_mut(&subnet) else {
+                continue;
+            };
+            e.in_flight = None;
+            e.misses += 1;
+            if e.misses < TRIES {
+                e.next_at = now + RETRY;
+                continue;
+            }
+            e.misses = 0;
+            e.hi = size;
+            if e.lo >= size {
+                e.lo = 0;
+            }
+            if e.mtu.is_some_and(|m| size <= m) {
+                // What was measured is no longer carried.
+                e.lo = 0;
+                if e.mtu.take().is_some() {
+                    tracing::warn!(%subnet, vtep = %e.vtep, size, "the path to the peer no longer carries its measured MTU: searching again");
+                    self.changes.insert(e.vtep, None);
+                }
+            }
+            e.next_at = now;
+        }
+    }
+
+    /// When the next probe is due or the next one in flight times out.
+    pub(crate) fn next_event(&self) -> Option<Instant> {
+        self.peers
+            .values()
+            .map(|e| match e.in_flight {
+                Some((_, _, sent)) => sent + self.timeout,
+                None => e.next_at,
+            })
+            .min()
+    }
+
+    /// Paths changed since the last call: VTEP -> MTU (None: the base).
+    pub(crate) fn take_changes(&mut self) -> Vec<(Ipv4Addr, Option<u32>)> {
+        self.changes.drain().collect()
+    }
+
+    /// The peer's path MTU and when it was measured (None: not yet).
+    pub(crate) fn get(&self, subnet: &IpNet) -> Option<Measured> {
+        let e = self.peers.get(subnet)?;
+        Some(Measured {
+            mtu: e.mtu?,
+            at: e.measured?,
+        })
+    }
+
+    /// Every measured path MTU (for the metrics).
+    pub(crate) fn measured(&self) -> impl Iterator<Item = (&IpNet, Ipv4Addr, u32)> {
+        self.peers
+            .iter()
+            .filter_map(|(s, e)| Some((s, e.vtep, e.mtu?)))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.peers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(1);
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    /// Runs the search against a path that carries up to `path` bytes,
+    /// answering or not, until it settles; returns the MTU told.
+    fn settle(p: &mut PathMtus, path: u32, mut now: Instant) -> (Option<u32>, Instant, usize) {
+        let mut probes = 0;
+        let mut told = None;
+        for _ in 0..200 {
+            p.expire(now);
+            for (to, size, seq) in p.due(now, 10) {
+                probes += 1;
+                if size <= path {
+                    p.answered(seq, to, now + Duration::from_millis(1));
+                }
+            }
+            for (_, m) in p.take_changes() {
+                told = Some(m);
+            }
+            if p.peers
+                .values()
+                .all(|e| e.in_flight.is_none() && e.next_at > now + T)
+            {
+                break;
+            }
+            now = p.next_event().unwrap().max(now + Duration::from_millis(1));
+        }
+        (told.flatten(), now, probes)
+    }
+
+    #[test]
+    fn a_jumbo_path_is_found_in_two_probes() {
+        let now = Instant::now();
+        let mut p = PathMtus::new(9000, T, Duration::from_secs(10));
+        p.upsert(net("10.244.2.0/24"), "192.0.2.2".parse().unwrap(), now);
+        let (mtu, _, probes) = settle(&mut p, 9000, now);
+        assert_eq!(mtu, Some(9000));
+        assert_eq!(probes, 2, "the base size, then the uplink's");
+    }
+
+    #[test]
+    fn a_smaller_hop_is_found_among_the_plateaus() {
+        let now = Instant::now();
+        let mut p = PathMtus::new(9000, T, Duration::from_secs(10));
+        p.upsert(net("10.244.3.0/24"), "192.0.2.3".parse().unwrap(), now);
+        let (mtu, _, probes) = settle(&mut p, 1500, now);
+        assert_eq!(mtu, Some(1500));
+        assert!(probes <= 12, "{probes} probes");
+        // A path between plateaus is measured at the plateau below it.
+        let mut p = PathMtus::new(9000, T, Duration::from_secs(10));
+        p.upsert(net("10.244.3.0/24"), "192.0.2.3".parse().unwrap(), now);
+        assert_eq!(settle(&mut p, 1410, now).0, Some(1400));
+    }
+
+    #[test]
+    fn a_path_that_shrinks_is_searched_again() {
+        let now = Instant::now();
+        let mut p = PathMtus::new(1500, T, Duration::from_secs(10));
+        let s = net("10.244.3.0/24");
+        p.upsert(s, "192.0.2.3".parse().unwrap(), now);
+        let (mtu, now, _) = settle(&mut p, 1500, now);
+        assert_eq!(mtu, Some(1500));
+        assert_eq!(p.get(&s).unwrap().mtu, 1500);
+        // The hop drops to 1400: the recheck at 1500 goes unanswered, the
+        // MTU goes back to the base, and the search finds 1400.
+        let mut told = Vec::new();
+        let mut t = now;
+        for _ in 0..100 {
+            p.expire(t);
+            for (to, size, seq) in p.due(t, 10) {
+                if size <= 1400 {
+                    p.answered(seq, to, t);
+                }
+            }
+            told.extend(p.take_changes().into_iter().map(|(_, m)| m));
+            if told.last() == Some(&Some(1400)) {
+                break;
+            }
+            t = p.next_event().unwrap().max(t + Duration::from_millis(1));
+        }
+        assert_eq!(told, vec![None, Some(1400)]);
+        assert!(
+            t.duration_since(now) < Duration::from_secs(20),
+            "{:?}",
+            t.duration_since(now)
+        );
+    }
+
+    #[test]
+    fn an_unreachable_peer_is_not_measured_and_ipv6_is_not_searched() {
+        let now = Instant::now();
+        let mut p = PathMtus::new(9000, T, Duration::from_secs(10));
+        p.upsert(net("10.244.4.0/24"), "192.0.2.4".parse().unwrap(), now);
+        p.upsert(net("fd00::/64"), "2001:db8::4".parse().unwrap(), now);
+        assert_eq!(p.len(), 1);
+        let (mtu, _, probes) = settle(&mut p, 0, now);
+        assert_eq!(mtu, None);
+        assert!(probes > 0);
+        assert!(p.get(&net("10.244.4.0/24")).is_none());
+    }
+}
