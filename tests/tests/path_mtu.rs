@@ -22,6 +22,7 @@ use weft::dataplane::Counters;
 use weft_tests::{
     agent::eventually,
     cluster::{Node, Underlay, ping},
+    iperf::{intervals, report},
     netns::{Netns, veth},
     traffic::tcp_transfer,
     weft_cluster::{WeftCluster, WeftNode},

@@ -192,6 +192,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
                 per_peer_metrics: args.peer_metrics,
                 // Set once the dataplane knows the uplink.
                 path_mtu: None,
+                port: 0,
             }
         }),
         prober: None,
@@ -701,6 +702,7 @@ impl Agent {
             && let Some(mut settings) = self.probe
         {
             settings.path_mtu = self.dataplane.path_mtu_ceiling();
+            settings.port = self.dataplane.vxlan_port();
             let p = health::Prober::start(settings)?;
             self.metrics.set_health(p.view());
             self.prober = Some(p);

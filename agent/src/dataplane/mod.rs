@@ -310,6 +310,14 @@ impl Dataplane {
         }
     }
 
+    /// The VXLAN UDP port (0 without the eBPF datapath).
+    pub(crate) fn vxlan_port(&self) -> u16 {
+        match &self.kind {
+            Kind::Ebpf { spec, .. } => spec.port,
+            Kind::Off { .. } => 0,
+        }
+    }
+
     /// The uplink's MTU, where per-peer path MTU is on (see
     /// [`overlay::Overlay::path_mtu_ceiling`]).
     pub(crate) fn path_mtu_ceiling(&self) -> Option<u32> {

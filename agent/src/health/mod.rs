@@ -27,7 +27,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ipnet::IpNet;
 
-use crate::sys::icmp::Pinger;
+use crate::sys::icmp::{Pinger, Received};
 use path_mtu::PathMtus;
 use table::{State, Table};
 
@@ -52,6 +52,9 @@ pub(crate) struct Settings {
     /// Measure each IPv4 peer's path MTU ([`path_mtu`]), up to this
     /// (the uplink's MTU); None: not measured.
     pub path_mtu: Option<u32>,
+    /// The VXLAN UDP port: "fragmentation needed" about packets to it is a
+    /// hint about a peer's path.
+    pub port: u16,
 }
 
 /// One peer as `weft status` shows it.
@@ -352,10 +355,15 @@ fn receive(
         return;
     }
     if let (Some(p), Some(path)) = (path_pinger.as_mut(), &s.path) {
-        while let Ok(Some(e)) = p.recv(Duration::from_micros(1)) {
-            path.lock()
-                .expect("prober lock")
-                .answered(e.seq, e.from, Instant::now());
+        while let Ok(Some(r)) = p.recv_any(Duration::from_micros(1)) {
+            let mut path = path.lock().expect("prober lock");
+            match r {
+                Received::Echo(e) => path.answered(e.seq, e.from, Instant::now()),
+                Received::FragNeeded { to, dport, mtu } if dport == s.settings.port => {
+                    path.hint(to, u32::from(mtu), Instant::now())
+                }
+                Received::FragNeeded { .. } => {}
+            }
         }
     }
     for p in pingers.iter_mut().flatten() {
@@ -472,6 +480,12 @@ impl HealthView {
                 "# HELP weft_path_mtu_probes_total Path MTU probes sent, by whether they were answered.\n# TYPE weft_path_mtu_probes_total counter\nweft_path_mtu_probes_total{{result=\"answered\"}} {}\nweft_path_mtu_probes_total{{result=\"unanswered\"}} {}",
                 p.answered,
                 p.probes.saturating_sub(p.answered)
+            );
+            let _ = writeln!(
+                o,
+                "# HELP weft_path_mtu_hints_total ICMP fragmentation-needed messages naming a smaller path MTU for a peer, by whether a probe of that size confirmed it.\n# TYPE weft_path_mtu_hints_total counter\nweft_path_mtu_hints_total{{result=\"confirmed\"}} {}\nweft_path_mtu_hints_total{{result=\"not_confirmed\"}} {}",
+                p.hints_confirmed,
+                p.hints.saturating_sub(p.hints_confirmed)
             );
             if s.settings.per_peer_metrics {
                 let _ = writeln!(

@@ -55,8 +55,11 @@ struct Search {
     hi: u32,
     /// Unanswered probes of the size in flight or next.
     misses: u8,
-    /// The probe in flight: (seq, size, sent).
-    in_flight: Option<(u16, u32, Instant)>,
+    /// A smaller size the underlay's "fragmentation needed" named, to be
+    /// probed next.
+    hinted: Option<u32>,
+    /// The probe in flight: (seq, size, sent, whether it checks a hint).
+    in_flight: Option<(u16, u32, Instant, bool)>,
     next_at: Instant,
     /// What the dataplane was told, and when it was measured.
     mtu: Option<u32>,
@@ -87,6 +90,10 @@ pub(crate) struct PathMtus {
     /// Probes sent, and those answered.
     pub probes: u64,
     pub answered: u64,
+    /// "Fragmentation needed" messages that named a smaller size for a
+    /// peer, and those the probe of that size confirmed.
+    pub hints: u64,
+    pub hints_confirmed: u64,
 }
 
 impl PathMtus {
@@ -101,6 +108,31 @@ impl PathMtus {
             changes: HashMap::new(),
             probes: 0,
             answered: 0,
+            hints: 0,
+            hints_confirmed: 0,
+        }
+    }
+
+    /// The underlay said (ICMP "fragmentation needed") that an outer
+    /// packet to `vtep` met a hop of `mtu` bytes. Never believed alone: a
+    /// size below the one in use is probed at once, and only its answer
+    /// lowers the peer's MTU (after which the search looks upwards again,
+    /// so a forged message costs a few probes, not the path).
+    pub(crate) fn hint(&mut self, vtep: Ipv4Addr, mtu: u32, now: Instant) {
+        if mtu < FLOOR {
+            return;
+        }
+        let base = self.base();
+        for e in self.peers.values_mut().filter(|e| e.vtep == vtep) {
+            if mtu >= e.mtu.unwrap_or(base) || e.hinted.is_some() {
+                continue;
+            }
+            e.hinted = Some(mtu);
+            e.misses = 0;
+            if e.in_flight.is_none() {
+                e.next_at = now;
+            }
+            self.hints += 1;
         }
     }
 
@@ -141,6 +173,7 @@ impl PathMtus {
                 lo: 0,
                 hi: self.ceiling + 1,
                 misses: 0,
+                hinted: None,
                 in_flight: None,
                 next_at: now,
                 mtu: None,
@@ -242,7 +275,8 @@ impl PathMtus {
                 break;
             }
             let e = &self.peers[&subnet];
-            let size = match self.next_size(e) {
+            let hinted = e.hinted;
+            let size = match hinted.or_else(|| self.next_size(e)) {
                 Some(s) => s,
                 None => {
                     done.push(subnet);
@@ -251,7 +285,8 @@ impl PathMtus {
             };
             let seq = self.next_seq();
             let e = self.peers.get_mut(&subnet).expect("listed above");
-            e.in_flight = Some((seq, size, now));
+            e.hinted = None;
+            e.in_flight = Some((seq, size, now, hinted.is_some()));
             self.by_seq.insert(seq, subnet);
             self.probes += 1;
             out.push((subnet.network(), size, seq));
@@ -315,13 +350,31 @@ impl PathMtus {
         let Some(e) = self.peers.get_mut(&subnet) else {
             return;
         };
-        let Some((s, size, _)) = e.in_flight.take() else {
+        let Some((s, size, _, hint)) = e.in_flight.take() else {
             return;
         };
         if s != seq {
             return;
         }
         self.answered += 1;
+        if hint {
+            // A smaller size confirmed: in use at once, then upwards from it.
+            self.hints_confirmed += 1;
+            if size
+                < e.mtu
+                    .unwrap_or(self.ceiling.min(dataplane_common::DEFAULT_PATH_MTU))
+            {
+                tracing::info!(%subnet, vtep = %e.vtep, from = ?e.mtu, to = size, "path MTU to the peer (fragmentation needed, confirmed by a probe)");
+                e.mtu = Some(size);
+                e.measured = Some(SystemTime::now());
+                self.changes.insert(e.vtep, Some(size));
+            }
+            e.lo = size;
+            e.hi = self.ceiling + 1;
+            e.misses = 0;
+            e.next_at = now;
+            return;
+        }
         e.lo = e.lo.max(size);
         if e.hi <= e.lo {
             e.hi = self.ceiling + 1;
@@ -340,7 +393,7 @@ impl PathMtus {
             .peers
             .iter()
             .filter_map(|(s, e)| {
-                let (seq, size, sent) = e.in_flight?;
+                let (seq, size, sent, _) = e.in_flight?;
                 (now.duration_since(sent) >= timeout).then_some((*s, seq, size))
             })
             .collect();
@@ -377,7 +430,7 @@ impl PathMtus {
         self.peers
             .values()
             .map(|e| match e.in_flight {
-                Some((_, _, sent)) => sent + self.timeout,
+                Some((_, _, sent, _)) => sent + self.timeout,
                 None => e.next_at,
             })
             .min()
@@ -503,6 +556,39 @@ mod tests {
             "{:?}",
             t.duration_since(now)
         );
+    }
+
+    #[test]
+    fn fragmentation_needed_is_confirmed_by_a_probe_before_it_counts() {
+        let now = Instant::now();
+        let mut p = PathMtus::new(9000, T, Duration::from_secs(10));
+        let s = net("10.244.3.0/24");
+        let vtep: Ipv4Addr = "192.0.2.3".parse().unwrap();
+        p.upsert(s, IpAddr::V4(vtep), now);
+        let (mtu, now, _) = settle(&mut p, 1500, now);
+        assert_eq!(mtu, Some(1500));
+        // The hop drops to 1400 and the router says so: the next probe is
+        // 1400, and its answer makes it the peer's MTU at once.
+        p.hint(vtep, 1400, now);
+        assert_eq!(p.hints, 1);
+        let due = p.due(now, 10);
+        assert_eq!(due.iter().map(|d| d.1).collect::<Vec<_>>(), [1400]);
+        p.answered(due[0].2, due[0].0, now);
+        assert_eq!(p.take_changes(), [(vtep, Some(1400))]);
+        // A message naming a size the path still carries (forged, or
+        // stale) lowers it only until the search finds the larger size.
+        let mut p = PathMtus::new(1500, T, Duration::from_secs(10));
+        p.upsert(s, IpAddr::V4(vtep), now);
+        let (_, now, _) = settle(&mut p, 1500, now);
+        p.hint(vtep, 1300, now);
+        let (mtu, _, _) = settle(&mut p, 1500, now);
+        assert_eq!(mtu, Some(1500));
+        assert_eq!(p.get(&s).unwrap().mtu, 1500);
+        // Sizes at or above the one in use, and below the floor, are no
+        // news.
+        p.hint(vtep, 1500, now);
+        p.hint(vtep, 576, now);
+        assert_eq!(p.hints, 1);
     }
 
     #[test]

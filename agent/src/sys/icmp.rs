@@ -153,6 +153,73 @@ impl Pinger {
     }
 }
 
+/// What an IPv4 [`Pinger`] received: an echo reply of its own, or a
+/// "fragmentation needed" the underlay sent about a UDP packet of this
+/// node's (an encapsulated one, if `dport` is the VXLAN port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Received {
+    Echo(Echoed),
+    FragNeeded {
+        /// The packet's destination and UDP destination port.
+        to: Ipv4Addr,
+        dport: u16,
+        /// The next hop's MTU the message names (0: none named).
+        mtu: u16,
+    },
+}
+
+impl Pinger {
+    /// The next echo reply of ours or "fragmentation needed" about a UDP
+    /// packet (IPv4), or None when `wait` passes first.
+    pub(crate) fn recv_any(&mut self, wait: Duration) -> Result<Option<Received>> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let Some((n, from)) = self.sock.recv_from(&mut self.buf, left)? else {
+                return Ok(None);
+            };
+            let msg = &self.buf[..n];
+            if let Some(seq) = reply_seq(self.sock.v6, msg, self.id) {
+                return Ok(Some(Received::Echo(Echoed { from, seq })));
+            }
+            if !self.sock.v6
+                && let Some(r) = frag_needed_udp(msg)
+            {
+                return Ok(Some(r));
+            }
+        }
+    }
+}
+
+/// A "fragmentation needed" (an IPv4 message, its IP header first) about
+/// a UDP packet: the packet's destination, UDP port and the MTU named.
+fn frag_needed_udp(msg: &[u8]) -> Option<Received> {
+    let ihl = usize::from(msg.first()? & 0x0f) * 4;
+    let icmp = msg.get(ihl..)?;
+    if ihl < IPV4_HEADER || icmp.len() < 8 || icmp[0] != UNREACHABLE4 || icmp[1] != FRAG_NEEDED4 {
+        return None;
+    }
+    let mtu = u16::from_be_bytes([icmp[6], icmp[7]]);
+    let inner = &icmp[8..];
+    let inner_ihl = usize::from(inner.first()? & 0x0f) * 4;
+    if inner.first()? >> 4 != 4
+        || inner_ihl < IPV4_HEADER
+        || *inner.get(9)? != libc::IPPROTO_UDP as u8
+    {
+        return None;
+    }
+    let to = Ipv4Addr::new(*inner.get(16)?, inner[17], inner[18], inner[19]);
+    let udp = inner.get(inner_ihl..inner_ihl + 4)?;
+    Some(Received::FragNeeded {
+        to,
+        dport: u16::from_be_bytes([udp[2], udp[3]]),
+        mtu,
+    })
+}
+
 /// The sequence number of an echo reply carrying `id`.
 fn reply_seq(v6: bool, msg: &[u8], id: u16) -> Option<u16> {
     let icmp = if v6 {
@@ -445,6 +512,32 @@ mod tests {
             answer(to4, &reply4[..24], to4, 7, 9),
             Answer::Other
         ));
+    }
+
+    #[test]
+    fn fragmentation_needed_about_a_vxlan_packet_is_read() {
+        // The router's header, ICMP 3/4 naming 1400, then our packet's IP
+        // header (UDP to 198.18.1.3) and the first 8 bytes of its UDP.
+        let mut m = vec![0x45u8];
+        m.extend([0; 19]);
+        m.extend([UNREACHABLE4, FRAG_NEEDED4, 0, 0, 0, 0, 0x05, 0x78]);
+        let mut inner = vec![0x45u8, 0, 0x05, 0xdc, 0, 0, 0x40, 0, 64, 17, 0, 0];
+        inner.extend([198, 18, 0, 1, 198, 18, 1, 3]);
+        inner.extend([0x80, 0x00, 0x21, 0x18, 0x05, 0xc8, 0, 0]);
+        m.extend(&inner);
+        assert_eq!(
+            frag_needed_udp(&m),
+            Some(Received::FragNeeded {
+                to: Ipv4Addr::new(198, 18, 1, 3),
+                dport: 8472,
+                mtu: 1400
+            })
+        );
+        // Truncated, or about TCP: nothing.
+        assert_eq!(frag_needed_udp(&m[..m.len() - 6]), None);
+        let mut tcp = m.clone();
+        tcp[28 + 9] = 6;
+        assert_eq!(frag_needed_udp(&tcp), None);
     }
 
     #[test]
