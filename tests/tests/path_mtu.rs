@@ -152,23 +152,26 @@ fn smaller_hop(router_icmp: bool) {
     jumbo_bridge(&c.underlay.ns, "br0");
     let (router, node) = behind_a_small_link(&c.underlay);
     if !router_icmp {
-        // The router's "fragmentation needed" never leaves it.
-        for chain in ["OUTPUT", "FORWARD"] {
-            router
-                .exec(
-                    "iptables",
-                    &[
-                        "-A",
-                        chain,
-                        "-p",
-                        "icmp",
-                        "--icmp-type",
-                        "fragmentation-needed",
-                        "-j",
-                        "DROP",
-                    ],
-                )
-                .unwrap();
+        // Neither end of the small link (the underlay's router and node
+        // 3's) lets a "fragmentation needed" out.
+        for (ns, chain) in [&c.underlay.ns, &router]
+            .into_iter()
+            .flat_map(|ns| [(ns, "OUTPUT"), (ns, "FORWARD")])
+        {
+            ns.exec(
+                "iptables",
+                &[
+                    "-A",
+                    chain,
+                    "-p",
+                    "icmp",
+                    "--icmp-type",
+                    "fragmentation-needed",
+                    "-j",
+                    "DROP",
+                ],
+            )
+            .unwrap();
         }
     }
     c.start_node_on(node, &[]).unwrap();
@@ -237,6 +240,84 @@ fn smaller_hop(router_icmp: bool) {
         0,
         "outer fragments at node 3"
     );
+
+    // Mid-flow, the small link drops to 1400 during a 30 s transfer from
+    // pod 1 to pod 3. With the router's ICMP, its "fragmentation needed"
+    // is confirmed by a probe and used within seconds; without, the next
+    // check of the path (every probe interval, 10 s) finds 1500 no longer
+    // carried and the search finds 1400.
+    let _srv = p3.ns.spawn("iperf3", &["-s", "-1", "-p", "5310"]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let iperf = p1
+        .ns
+        .command("iperf3")
+        .args([
+            "-c",
+            &p3.ip.to_string(),
+            "-p",
+            "5310",
+            "-t",
+            "30",
+            "-b",
+            "300M",
+            "-i",
+            "0.5",
+            "-J",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(8));
+    for ns in [&c.underlay.ns, &router] {
+        ns.ip(&["link", "set", "small", "mtu", "1400"]).unwrap();
+    }
+    // The half-second interval the change fell in.
+    let changed_at = 16;
+    let report = report(iperf, 30);
+    let bytes = intervals(&report);
+    let mut sorted = bytes.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    let worst = longest_stall(&bytes[changed_at.min(bytes.len())..], median);
+    let bound = if router_icmp { 5.0 } else { 14.0 };
+    println!(
+        "mid-flow (router ICMP {router_icmp}): longest stall {worst} s after the change; per half second: {bytes:?}"
+    );
+    assert!(
+        worst <= bound,
+        "a stall of {worst} s (bound {bound} s): {bytes:?}"
+    );
+    assert!(
+        bytes.len() >= 58 && bytes[bytes.len() - 4..].iter().all(|b| *b > 0.0),
+        "the transfer carries on to its end: {bytes:?}"
+    );
+    assert_eq!(path_mtu(n1, n3), Some(1400), "node 1's path to node 3");
+    let hints = n1.metric("weft_path_mtu_hints_total{result=\"confirmed\"}");
+    println!(
+        "hints confirmed: {hints}; outer fragments at node 3: {}",
+        packets(n3, Reason::Fragmented)
+    );
+    if router_icmp {
+        assert!(hints >= 1.0, "the router's message was used");
+    } else {
+        assert_eq!(hints, 0.0, "no message passed the router");
+    }
+}
+
+/// The longest run of half-second intervals carrying under a tenth of
+/// `median` (the whole transfer's), in seconds.
+fn longest_stall(bytes: &[f64], median: f64) -> f64 {
+    let (mut run, mut worst) = (0usize, 0usize);
+    for b in bytes {
+        if *b < median / 10.0 {
+            run += 1;
+            worst = worst.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    worst as f64 * 0.5
 }
 
 #[test]

@@ -162,13 +162,24 @@ fn a_thousand_peers_are_probed_within_the_rate_bound() {
         .unwrap()
         .unwrap();
     n.wait_metric("weft_peers", |v| v == 1000.0, T);
-    // The period stretches to 1000 / 20 = 50 s.
-    n.wait_metric("weft_peer_probe_period_seconds", |v| v == 50.0, T);
+    // Path MTU probes take a quarter of the bound: the health probes'
+    // period stretches to 1000 / 15 s.
+    n.wait_metric(
+        "weft_peer_probe_period_seconds",
+        |v| (v - 1000.0 / 15.0).abs() < 0.01,
+        T,
+    );
+    // Every probe: health's, and the path MTU search's (the fake peers
+    // answer neither).
     let probes = |n: &WeftNode| {
         ["answered", "lost", "failed"]
             .iter()
             .map(|r| n.metric(&format!("weft_peer_probes_total{{result=\"{r}\"}}")))
             .sum::<f64>()
+            + ["answered", "unanswered"]
+                .iter()
+                .map(|r| n.metric(&format!("weft_path_mtu_probes_total{{result=\"{r}\"}}")))
+                .sum::<f64>()
     };
     let cpu = |pid: i32| -> f64 {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

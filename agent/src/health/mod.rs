@@ -102,11 +102,15 @@ impl Prober {
         let shared = Arc::new(Shared {
             table: Mutex::new(Table::new(
                 settings.interval,
-                settings.rate,
+                health_rate(&settings),
                 settings.timeout,
             )),
             path: settings.path_mtu.map(|ceiling| {
-                Mutex::new(PathMtus::new(ceiling, settings.timeout, settings.interval))
+                Mutex::new(PathMtus::new(
+                    ceiling,
+                    settings.timeout,
+                    settings.interval / PATH_RECHECKS_PER_INTERVAL,
+                ))
             }),
             hist: Mutex::default(),
             stop: AtomicBool::new(false),
@@ -228,6 +232,62 @@ impl Drop for Prober {
     }
 }
 
+/// The share of the rate bound path MTU probes have, where they are on.
+const PATH_SHARE: f64 = 0.25;
+/// A measured path is checked this many times per probe interval (rate
+/// permitting): a path that shrank without the underlay saying so is
+/// found within a quarter interval and two probe timeouts.
+const PATH_RECHECKS_PER_INTERVAL: u32 = 4;
+
+/// The health probes' rate: the bound, less the path probes' share.
+fn health_rate(s: &Settings) -> f64 {
+    let rate = s.rate.max(0.1);
+    if s.path_mtu.is_some() {
+        rate * (1.0 - PATH_SHARE)
+    } else {
+        rate
+    }
+}
+
+/// A token bucket: `rate` a second, a quarter second's worth at once at
+/// most (the bound holds over any window, not only on average).
+struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn new(rate: f64) -> Self {
+        let rate = rate.max(0.05);
+        let burst = (rate / 4.0).max(1.0);
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+            last: Instant::now(),
+        }
+    }
+
+    /// Whole tokens available now.
+    fn available(&mut self, now: Instant) -> usize {
+        self.tokens =
+            (self.tokens + now.duration_since(self.last).as_secs_f64() * self.rate).min(self.burst);
+        self.last = now;
+        self.tokens.max(0.0) as usize
+    }
+
+    fn take(&mut self, n: usize) {
+        self.tokens -= n as f64;
+    }
+
+    /// How long until a token is there.
+    fn until_token(&self) -> Duration {
+        Duration::from_secs_f64((1.0 - self.tokens).max(0.0) / self.rate)
+    }
+}
+
 /// The prober's loop: expire, send what is due within the rate bound,
 /// wait for answers until the next thing to do.
 fn run(s: &Shared) {
@@ -235,24 +295,19 @@ fn run(s: &Shared) {
     let mut pingers: [Option<Pinger>; 2] = [None, None];
     let mut path_pinger: Option<Pinger> = None;
     let path_id = id ^ 0x4000;
-    let rate = s.settings.rate.max(0.1);
-    // A quarter second's worth at once at most: the bound holds over any
-    // window, not only on average.
-    let burst = (rate / 4.0).max(1.0);
-    let mut tokens = burst;
-    let mut last = Instant::now();
+    let mut health = Bucket::new(health_rate(&s.settings));
+    let mut path_tokens = Bucket::new(s.settings.rate.max(0.1) * PATH_SHARE);
     let mut warned = [false; 2];
     while !s.stop.load(Relaxed) {
         let now = Instant::now();
-        tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(burst);
-        last = now;
+        let tokens = health.available(now);
         let (due, next) = {
             let mut t = s.table.lock().expect("prober lock");
             t.expire(now);
-            let due = t.due(now, tokens as usize);
+            let due = t.due(now, tokens);
             (due, t.next_event())
         };
-        tokens -= due.len() as f64;
+        health.take(due.len());
         for (_, target, seq) in due {
             let f = usize::from(target.is_ipv6());
             if pingers[f].is_none() {
@@ -278,16 +333,19 @@ fn run(s: &Shared) {
                     .failed(seq, why, Instant::now());
             }
         }
-        // Path MTU probes: what the health probes left of the budget.
-        let mut next = next;
+        // Each kind's next thing to do, once a token is there for it (a
+        // probe due without one waits for the bucket, not in a spin).
+        let mut next = next.map(|n| n.max(now + health.until_token()));
         if let Some(path) = &s.path {
+            let budget = path_tokens.available(now);
             let (due, at) = {
                 let mut p = path.lock().expect("prober lock");
                 p.expire(now);
-                let due = p.due(now, tokens.max(0.0) as usize);
+                let due = p.due(now, budget);
                 (due, p.next_event())
             };
-            tokens -= due.len() as f64;
+            path_tokens.take(due.len());
+            let at = at.map(|n| n.max(now + path_tokens.until_token()));
             next = match (next, at) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -311,12 +369,10 @@ fn run(s: &Shared) {
         }
         // Sleep until the next event (once a token is there for it), or
         // an answer.
-        let until_event = next.map_or(Duration::from_millis(200), |n| {
-            n.saturating_duration_since(Instant::now())
-        });
-        let until_token = Duration::from_secs_f64((1.0 - tokens).max(0.0) / rate);
-        let wait = until_event
-            .max(until_token)
+        let wait = next
+            .map_or(Duration::from_millis(200), |n| {
+                n.saturating_duration_since(Instant::now())
+            })
             .clamp(Duration::from_millis(1), Duration::from_millis(200));
         receive(s, &mut pingers, &mut path_pinger, wait);
     }

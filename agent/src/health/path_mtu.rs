@@ -24,7 +24,7 @@
 //! common case of one fabric.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap, VecDeque},
     net::{IpAddr, Ipv4Addr},
     time::{Duration, Instant, SystemTime},
 };
@@ -82,6 +82,10 @@ pub(crate) struct PathMtus {
     timeout: Duration,
     recheck: Duration,
     peers: HashMap<IpNet, Search>,
+    /// Peers not in flight, by when their next probe is due.
+    schedule: BTreeSet<(Instant, IpNet)>,
+    /// Probes in the order they left (their timeouts come in that order).
+    in_flight: VecDeque<(u16, IpNet, Instant)>,
     by_seq: HashMap<u16, IpNet>,
     seq: u16,
     /// Paths changed since the dataplane was last told: VTEP -> MTU (None:
@@ -103,6 +107,8 @@ impl PathMtus {
             timeout,
             recheck,
             peers: HashMap::new(),
+            schedule: BTreeSet::new(),
+            in_flight: VecDeque::new(),
             by_seq: HashMap::new(),
             seq: 0,
             changes: HashMap::new(),
@@ -129,10 +135,25 @@ impl PathMtus {
             }
             e.hinted = Some(mtu);
             e.misses = 0;
-            if e.in_flight.is_none() {
-                e.next_at = now;
-            }
             self.hints += 1;
+        }
+        let now_due: Vec<IpNet> = self
+            .peers
+            .iter()
+            .filter(|(_, e)| e.vtep == vtep && e.hinted.is_some() && e.in_flight.is_none())
+            .map(|(s, _)| *s)
+            .collect();
+        for subnet in now_due {
+            self.reschedule(subnet, now);
+        }
+    }
+
+    /// Puts a peer not in flight at `at` in the schedule.
+    fn reschedule(&mut self, subnet: IpNet, at: Instant) {
+        if let Some(e) = self.peers.get_mut(&subnet) {
+            self.schedule.remove(&(e.next_at, subnet));
+            e.next_at = at;
+            self.schedule.insert((at, subnet));
         }
     }
 
@@ -181,13 +202,19 @@ impl PathMtus {
                 research_at: now + RESEARCH,
             },
         );
+        self.schedule.insert((now, subnet));
     }
 
     /// A peer gone.
     pub(crate) fn remove(&mut self, subnet: &IpNet) {
         if let Some(e) = self.peers.remove(subnet) {
-            if let Some((seq, ..)) = e.in_flight {
-                self.by_seq.remove(&seq);
+            match e.in_flight {
+                Some((seq, ..)) => {
+                    self.by_seq.remove(&seq);
+                }
+                None => {
+                    self.schedule.remove(&(e.next_at, *subnet));
+                }
             }
             if e.mtu.is_some() && !self.peers.values().any(|o| o.vtep == e.vtep) {
                 self.changes.insert(e.vtep, None);
@@ -264,17 +291,17 @@ impl PathMtus {
     pub(crate) fn due(&mut self, now: Instant, budget: usize) -> Vec<(IpAddr, u32, u16)> {
         let mut out = Vec::new();
         let mut done = Vec::new();
-        let subnets: Vec<IpNet> = self
-            .peers
-            .iter()
-            .filter(|(_, e)| e.in_flight.is_none() && e.next_at <= now)
-            .map(|(s, _)| *s)
-            .collect();
-        for subnet in subnets {
-            if out.len() >= budget {
-                break;
+        while out.len() < budget {
+            // The longest waiting first: a rate bound that binds delays
+            // every peer alike instead of starving some.
+            match self.schedule.first() {
+                Some((at, _)) if *at <= now => {}
+                _ => break,
             }
-            let e = &self.peers[&subnet];
+            let (_, subnet) = self.schedule.pop_first().expect("looked at above");
+            let Some(e) = self.peers.get(&subnet) else {
+                continue;
+            };
             let hinted = e.hinted;
             let size = match hinted.or_else(|| self.next_size(e)) {
                 Some(s) => s,
@@ -288,6 +315,7 @@ impl PathMtus {
             e.hinted = None;
             e.in_flight = Some((seq, size, now, hinted.is_some()));
             self.by_seq.insert(seq, subnet);
+            self.in_flight.push_back((seq, subnet, now));
             self.probes += 1;
             out.push((subnet.network(), size, seq));
         }
@@ -326,7 +354,7 @@ impl PathMtus {
         };
         e.lo = 0;
         e.misses = 0;
-        e.next_at = now + recheck;
+        self.reschedule(subnet, now + recheck);
     }
 
     fn next_seq(&mut self) -> u16 {
@@ -372,7 +400,7 @@ impl PathMtus {
             e.lo = size;
             e.hi = self.ceiling + 1;
             e.misses = 0;
-            e.next_at = now;
+            self.reschedule(subnet, now);
             return;
         }
         e.lo = e.lo.max(size);
@@ -380,7 +408,7 @@ impl PathMtus {
             e.hi = self.ceiling + 1;
         }
         e.misses = 0;
-        e.next_at = now;
+        self.reschedule(subnet, now);
     }
 
     /// Probes whose time is up count as misses; a size missed [`TRIES`]
@@ -388,24 +416,24 @@ impl PathMtus {
     /// starts the search again from below at once (its MTU goes back to
     /// the base size until then).
     pub(crate) fn expire(&mut self, now: Instant) {
-        let timeout = self.timeout;
-        let expired: Vec<(IpNet, u16, u32)> = self
-            .peers
-            .iter()
-            .filter_map(|(s, e)| {
-                let (seq, size, sent, _) = e.in_flight?;
-                (now.duration_since(sent) >= timeout).then_some((*s, seq, size))
-            })
-            .collect();
-        for (subnet, seq, size) in expired {
+        while let Some((seq, subnet, sent)) = self.in_flight.front().copied() {
+            if now.duration_since(sent) < self.timeout {
+                break;
+            }
+            self.in_flight.pop_front();
+            if self.by_seq.get(&seq) != Some(&subnet) {
+                continue; // answered, or the peer is gone
+            }
             self.by_seq.remove(&seq);
             let Some(e) = self.peers.get_mut(&subnet) else {
                 continue;
             };
-            e.in_flight = None;
+            let Some((_, size, ..)) = e.in_flight.take() else {
+                continue;
+            };
             e.misses += 1;
             if e.misses < TRIES {
-                e.next_at = now + RETRY;
+                self.reschedule(subnet, now + RETRY);
                 continue;
             }
             e.misses = 0;
@@ -421,19 +449,21 @@ impl PathMtus {
                     self.changes.insert(e.vtep, None);
                 }
             }
-            e.next_at = now;
+            self.reschedule(subnet, now);
         }
     }
 
     /// When the next probe is due or the next one in flight times out.
     pub(crate) fn next_event(&self) -> Option<Instant> {
-        self.peers
-            .values()
-            .map(|e| match e.in_flight {
-                Some((_, _, sent, _)) => sent + self.timeout,
-                None => e.next_at,
-            })
-            .min()
+        let due = self.schedule.first().map(|(at, _)| *at);
+        let timeout = self
+            .in_flight
+            .front()
+            .map(|(_, _, sent)| *sent + self.timeout);
+        match (due, timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Paths changed since the last call: VTEP -> MTU (None: the base).
