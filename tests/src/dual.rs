@@ -181,7 +181,14 @@ impl DualCluster {
                     if Some(*dst) == own4 || Some(*dst) == own6 || !has_family {
                         continue;
                     }
-                    if !crate::cluster::ping(&p.ns, *dst, 2) {
+                    // A second try after a pause: the first pings of a
+                    // fresh cluster may meet neighbour discovery on its
+                    // new devices; an unreachable pod fails both.
+                    if !crate::cluster::ping(&p.ns, *dst, 2) && {
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                        println!("{dst} did not answer at once; trying again");
+                        !crate::cluster::ping(&p.ns, *dst, 2)
+                    } {
                         let from = own4.or(own6).expect("a pod has an address");
                         failed.push(format!("{from} -> {dst}"));
                     }

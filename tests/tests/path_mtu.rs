@@ -20,12 +20,12 @@ use std::{
 use dataplane_common::Reason;
 use weft::dataplane::Counters;
 use weft_tests::{
-    agent::eventually,
+    agent::{eventually, weft_bin},
     cluster::{Node, Underlay, ping},
     iperf::{intervals, report},
     netns::{Netns, veth},
     traffic::tcp_transfer,
-    weft_cluster::{WeftCluster, WeftNode},
+    weft_cluster::{ETCD_IP, WeftCluster, WeftNode},
 };
 
 const T: Duration = Duration::from_secs(30);
@@ -117,6 +117,63 @@ fn bulk(what: &str, to: (&Netns, Ipv4Addr), from: &Netns, port: u16) {
     println!("{what}: 32 MiB in {took:.1?}");
 }
 
+/// `weft doctor`'s first line for `check` on node `n` that contains
+/// `with`.
+fn doctor_line(n: &WeftNode, check: &str, with: &str) -> String {
+    let out = n
+        .node
+        .ns
+        .command(weft_bin().to_str().unwrap())
+        .args(["doctor", "--bpffs-dir"])
+        .arg(n.pins.path())
+        .arg("--state-dir")
+        .arg(n.agent.state_dir())
+        .arg("--subnet-file")
+        .arg(n.agent.subnet_file())
+        .args(["--etcd-endpoints", &format!("http://{ETCD_IP}:2379")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find(|l| l.get(6..).is_some_and(|r| r.starts_with(check)) && l.contains(with))
+        .unwrap_or_else(|| panic!("no {check} line:\n{text}"))
+        .to_string()
+}
+
+/// The MSS of a TCP connection from `from` to `to:port` (a listener in
+/// `to_ns`), as the connecting socket has it once established.
+fn mss(from: &Netns, to_ns: &Netns, to: Ipv4Addr, port: u16) -> u32 {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = to_ns.spawn_thread(move || {
+        let l = std::net::TcpListener::bind((to, port)).unwrap();
+        tx.send(()).unwrap();
+        let _ = l.accept();
+    });
+    rx.recv().unwrap();
+    let got = from
+        .run(move || {
+            use std::os::fd::AsRawFd as _;
+            let s = std::net::TcpStream::connect((to, port)).unwrap();
+            let mut v: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: getsockopt into a c_int of its size.
+            let rc = unsafe {
+                libc::getsockopt(
+                    s.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_MAXSEG,
+                    (&mut v as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0);
+            v as u32
+        })
+        .unwrap();
+    server.join().unwrap();
+    got
+}
+
 /// The path MTU node `n`'s status reports for `peer`'s subnet.
 fn path_mtu(n: &WeftNode, peer: &WeftNode) -> Option<u64> {
     let subnet = peer.subnet;
@@ -206,9 +263,32 @@ fn smaller_hop(router_icmp: bool) {
             .then_some(())
     });
     assert!(n1.metric("weft_peers_path_mtu_measured") == 2.0);
+    // TCP between pods (both at MTU 8950): the jumbo MSS to node 2's pod;
+    // to node 3's, the SYNs' MSS clamped to its path (before any ICMP
+    // could have told the pod).
+    let jumbo = mss(&p1.ns, &p2.ns, p2.ip, 5320);
+    let small = mss(&p1.ns, &p3.ns, p3.ip, 5321);
+    println!("MSS: pod 1 -> pod 2 {jumbo}, pod 1 -> pod 3 {small}");
+    assert!(jumbo >= 8800, "pod 1 -> pod 2: MSS {jumbo}");
+    assert!(
+        (1300..=1410).contains(&small),
+        "pod 1 -> pod 3: MSS {small}"
+    );
     assert!(n1.metric("weft_peer_path_mtu_min_bytes") == 1500.0);
     let status = n1.weft(&["status"]).unwrap();
     assert!(status.contains("1500 (measured"), "{status}");
+    // Doctor names the smaller path (a warning: it is handled).
+    let line = doctor_line(n1, "path-mtu", "");
+    assert!(
+        line.starts_with("warn") && line.contains("1 of 2") && line.contains("198.18.1.3) 1500"),
+        "{line}"
+    );
+    // Its full-size probe to node 3 is the path's size, and passes.
+    let line = doctor_line(n1, "peers", &format!("peer {}", n3.subnet));
+    assert!(
+        line.starts_with("ok") && line.contains("a 1450-byte probe"),
+        "{line}"
+    );
 
     // Jumbo frames where the path carries them; "fragmentation needed"
     // with the path's MTU where it does not, from the pod's own node.

@@ -83,6 +83,14 @@ fn a_cut_between_two_nodes_is_seen_by_both_and_its_end_too() {
         .find(|l| l.contains(&fsub.to_string()))
         .unwrap_or_else(|| panic!("the flannel peer is listed: {status}"));
     assert!(line.contains("reachable") && line.contains(" ms"), "{line}");
+    // Its path MTU is measured through its kernel vxlan device too.
+    eventually("the flannel peer's path MTU", T, || {
+        let s = c.nodes[0].weft(&["status"]).ok()?;
+        s.lines()
+            .find(|l| l.contains(&fsub.to_string()))?
+            .contains("1500 (measured")
+            .then_some(())
+    });
 
     // VXLAN between nodes 1 and 2 dropped on the way: both see it within
     // the interval and the retries of three timed-out probes.

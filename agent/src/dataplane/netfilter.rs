@@ -74,6 +74,9 @@ pub(crate) struct NetfilterSpec {
     pub(crate) masquerade: Option<bool>,
     /// Accept forwarded cluster traffic in iptables' FORWARD chain.
     pub(crate) forward_rules: bool,
+    /// Clamp forwarded TCP SYNs' MSS to the route of their destination
+    /// (per-peer path MTU: a peer's route carries its path's MTU).
+    pub(crate) clamp_mss: bool,
 }
 
 /// One family's cluster network and node subnet.
@@ -88,7 +91,7 @@ struct Nets {
 impl NetfilterSpec {
     /// Whether Weft's tables have anything to hold.
     fn wants_table(&self) -> bool {
-        self.track || self.masquerade.is_some()
+        self.track || self.masquerade.is_some() || self.clamp_mss
     }
 
     /// The families this node has, with their networks.
@@ -130,6 +133,23 @@ impl NetfilterSpec {
                 rules: vec![Rule {
                     exprs: vec![Expr::CtState, Expr::Counter],
                     comment: "weft: make conntrack track forwarded flows",
+                }],
+            });
+        }
+        if self.clamp_mss && n.family == Family::Ip {
+            chains.push(ChainSpec {
+                name: "mss",
+                kind: "filter",
+                hook: NF_INET_FORWARD,
+                // mangle
+                priority: -150,
+                rules: vec![Rule {
+                    exprs: vec![
+                        Expr::daddr(n.network, false),
+                        Expr::TcpSyn,
+                        Expr::ClampMssToRoute,
+                    ],
+                    comment: "weft: clamp MSS to the peer's path MTU",
                 }],
             });
         }
@@ -348,6 +368,7 @@ mod tests {
             track: false,
             masquerade: Some(true),
             forward_rules: true,
+            clamp_mss: false,
         }
     }
 
@@ -406,6 +427,31 @@ mod tests {
         s.subnet = None;
         assert_eq!(s.tables().len(), 1);
         assert_eq!(s.tables()[0].family, Family::Ip6);
+    }
+
+    #[test]
+    fn mss_is_clamped_on_ipv4_syns_to_the_cluster_network() {
+        let mut s = spec();
+        s.masquerade = None;
+        s.clamp_mss = true;
+        s.network6 = Some("fd00:10:244::/56".parse().unwrap());
+        s.subnet6 = Some("fd00:10:244:3::/64".parse().unwrap());
+        let tables = s.tables();
+        let c = &tables[0].chains;
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (c[0].name, c[0].hook, c[0].priority),
+            ("mss", NF_INET_FORWARD, -150)
+        );
+        assert_eq!(
+            c[0].rules[0].exprs,
+            [
+                Expr::daddr("10.244.0.0/16".parse::<IpNet>().unwrap(), false),
+                Expr::TcpSyn,
+                Expr::ClampMssToRoute
+            ]
+        );
+        assert!(tables[1].chains.is_empty(), "IPv6 paths are not measured");
     }
 
     #[test]

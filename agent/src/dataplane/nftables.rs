@@ -65,6 +65,13 @@ const NFT_REG_1: u32 = 1;
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 const NFT_META_MARK: u32 = 3;
+const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const NFT_RT_TCPMSS: u32 = 4;
+const NFT_BYTEORDER_HTON: u32 = 1;
+const TCPOPT_MAXSEG: u8 = 2;
+const NFT_EXTHDR_OP_TCPOPT: u32 = 1;
 /// `NF_NAT_RANGE_PROTO_RANDOM_FULLY`.
 pub(crate) const MASQ_RANDOM_FULLY: u32 = 0x10;
 /// The comment type in a rule's user data (what iptables shows as
@@ -90,6 +97,11 @@ pub(crate) enum Expr {
     Masquerade {
         flags: u32,
     },
+    /// `meta l4proto tcp tcp flags & (syn | rst) == syn`: a TCP SYN (IPv4).
+    TcpSyn,
+    /// `tcp option maxseg size set rt mtu`: the SYN's MSS lowered to what
+    /// the route to its destination carries (never raised).
+    ClampMssToRoute,
     Accept,
     Return,
 }
@@ -202,6 +214,76 @@ impl Expr {
             // NFTA_CT_DREG = NFT_REG_1, NFTA_CT_KEY = NFT_CT_STATE
             Expr::CtState => vec![elem("ct", vec![Attr::U32(1, NFT_REG_1), Attr::U32(2, 0)])],
             Expr::Counter => vec![elem("counter", vec![])],
+            Expr::TcpSyn => vec![
+                elem(
+                    "payload",
+                    vec![
+                        Attr::U32(1, NFT_REG_1),
+                        Attr::U32(2, NFT_PAYLOAD_NETWORK_HEADER),
+                        Attr::U32(3, 9), // the protocol
+                        Attr::U32(4, 1),
+                    ],
+                ),
+                elem(
+                    "cmp",
+                    vec![Attr::U32(1, NFT_REG_1), Attr::U32(2, 0), value(vec![6])],
+                ),
+                elem(
+                    "payload",
+                    vec![
+                        Attr::U32(1, NFT_REG_1),
+                        Attr::U32(2, NFT_PAYLOAD_TRANSPORT_HEADER),
+                        Attr::U32(3, 13), // the flags
+                        Attr::U32(4, 1),
+                    ],
+                ),
+                elem(
+                    "bitwise",
+                    vec![
+                        Attr::U32(1, NFT_REG_1),
+                        Attr::U32(2, NFT_REG_1),
+                        Attr::U32(3, 1),
+                        Attr::Nested(4, vec![Attr::Bytes(1, vec![TCP_SYN | TCP_RST])]),
+                        Attr::Nested(5, vec![Attr::Bytes(1, vec![0])]),
+                    ],
+                ),
+                elem(
+                    "cmp",
+                    vec![
+                        Attr::U32(1, NFT_REG_1),
+                        Attr::U32(2, 0),
+                        value(vec![TCP_SYN]),
+                    ],
+                ),
+            ],
+            Expr::ClampMssToRoute => vec![
+                // NFTA_RT_DREG, NFTA_RT_KEY
+                elem(
+                    "rt",
+                    vec![Attr::U32(1, NFT_REG_1), Attr::U32(2, NFT_RT_TCPMSS)],
+                ),
+                // The route's MSS is in host order; the option, network.
+                elem(
+                    "byteorder",
+                    vec![
+                        Attr::U32(1, NFT_REG_1), // SREG
+                        Attr::U32(2, NFT_REG_1), // DREG
+                        Attr::U32(3, NFT_BYTEORDER_HTON),
+                        Attr::U32(4, 2), // LEN
+                        Attr::U32(5, 2), // SIZE
+                    ],
+                ),
+                elem(
+                    "exthdr",
+                    vec![
+                        Attr::U8(2, TCPOPT_MAXSEG),         // NFTA_EXTHDR_TYPE
+                        Attr::U32(3, 2),                    // OFFSET: past kind and length
+                        Attr::U32(4, 2),                    // LEN
+                        Attr::U32(6, NFT_EXTHDR_OP_TCPOPT), // OP
+                        Attr::U32(7, NFT_REG_1),            // SREG
+                    ],
+                ),
+            ],
             Expr::Masquerade { flags } => vec![elem("masq", vec![Attr::U32(1, *flags)])],
             Expr::Accept => vec![verdict(NF_ACCEPT)],
             Expr::Return => vec![verdict(NFT_RETURN)],

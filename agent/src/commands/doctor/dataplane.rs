@@ -171,3 +171,53 @@ pub(super) fn fragments(f: &mut Findings, fragmented: u64, uplink_mtu: u32) {
         "set Backend.MTU to the underlay's smallest MTU, or raise that hop's; weft_dataplane_packets_total{reason=\"fragmented\"} shows when it happens",
     );
 }
+
+/// Peers whose path was measured smaller than the uplink's MTU (per-peer
+/// path MTU): packets to them are limited to that path, less VXLAN's
+/// overhead. Not a failure (their route carries it and the node answers
+/// too-big packets with ICMP), but worth knowing: a hop on the way is
+/// smaller than the uplinks, and a pod that drops ICMP "fragmentation
+/// needed" stalls on it.
+pub(super) fn paths(f: &mut Findings, agent: Option<&crate::report::Report>, uplink_mtu: u32) {
+    let Some(r) = agent else {
+        return;
+    };
+    let measured: Vec<_> = r
+        .peer_health
+        .iter()
+        .filter_map(|h| Some((h, h.path_mtu?)))
+        .collect();
+    if measured.is_empty() {
+        f.ok(
+            "path-mtu",
+            "no peer's path MTU measured (per-peer path MTU off, or not yet)",
+        );
+        return;
+    }
+    let small: Vec<String> = measured
+        .iter()
+        .filter(|(_, m)| *m < uplink_mtu)
+        .map(|(h, m)| format!("{} ({}) {m}", h.subnet, h.vtep))
+        .collect();
+    if small.is_empty() {
+        f.ok(
+            "path-mtu",
+            format!(
+                "{} peers' paths carry the uplink's {uplink_mtu} bytes",
+                measured.len()
+            ),
+        );
+        return;
+    }
+    let shown = small.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    f.warn(
+        "path-mtu",
+        format!(
+            "{} of {} peers' paths carry less than the uplink's {uplink_mtu} bytes: {shown}{}; packets to them are limited to that less 50",
+            small.len(),
+            measured.len(),
+            if small.len() > 5 { ", ..." } else { "" }
+        ),
+        "raise the smaller hop's MTU if it should carry jumbo frames; weft status shows each peer's path MTU",
+    );
+}

@@ -86,6 +86,7 @@ pub(crate) async fn doctor(a: DoctorArgs<'_>) -> Result<()> {
             if let Ok(c) = Counters::open(&dir).and_then(|c| c.get(Reason::Fragmented)) {
                 dataplane::fragments(&mut f, c.packets, uplink.mtu);
             }
+            dataplane::paths(&mut f, agent.as_ref(), uplink.mtu);
             let vteps = lease::Vteps {
                 v4: families
                     .contains(&Family::V4)
@@ -96,7 +97,16 @@ pub(crate) async fn doctor(a: DoctorArgs<'_>) -> Result<()> {
             };
             lease::check(&mut f, &a, &env, &vteps).await;
             let peers: Vec<_> = maps.peers()?.into_values().collect();
-            peers::probe(&mut f, &peers, &devices, cfg.port, a.probe_timeout);
+            let paths = agent
+                .as_ref()
+                .map(|r| {
+                    r.peer_health
+                        .iter()
+                        .filter_map(|h| Some((h.subnet.parse().ok()?, h.path_mtu?)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            peers::probe(&mut f, &peers, &devices, cfg.port, a.probe_timeout, &paths);
         }
     }
     cni::check(&mut f, a.cni_conf_dir);

@@ -25,6 +25,7 @@ pub(super) fn probe(
     devices: &[FamilyDevice],
     port: u16,
     timeout: Duration,
+    paths: &std::collections::HashMap<ipnet::IpNet, u32>,
 ) {
     if peers.is_empty() {
         f.ok("peers", "no peers yet");
@@ -50,6 +51,11 @@ pub(super) fn probe(
                 "the agent creates it: is it running? (its log says why not)",
             );
             continue;
+        };
+        // A peer whose path was measured smaller: what its route carries.
+        let mtu = match paths.get(&p.subnet) {
+            Some(path) => mtu.min(path.saturating_sub(dataplane_common::VXLAN_OVERHEAD)),
+            None => mtu,
         };
         let to = p.subnet.network();
         match icmp::echo(to, mtu as usize, timeout) {

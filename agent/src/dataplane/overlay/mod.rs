@@ -244,6 +244,7 @@ impl Overlay {
             track: self.spec.host_routing == HostRouting::Auto && self.programs.has_conntrack(),
             masquerade: self.spec.masquerade,
             forward_rules: self.spec.forward_rules,
+            clamp_mss: self.spec.path_mtu,
         }
     }
 
