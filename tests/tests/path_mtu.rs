@@ -174,6 +174,53 @@ fn mss(from: &Netns, to_ns: &Netns, to: Ipv4Addr, port: u16) -> u32 {
     got
 }
 
+/// The path MTU a don't-fragment UDP socket in `from` learns by sending
+/// one 8000-byte datagram to `to:port` (`IP_MTU` once the answer came).
+fn udp_df_mtu(from: &Netns, to: Ipv4Addr, port: u16) -> u32 {
+    from.run(move || {
+        use std::os::fd::AsRawFd as _;
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        let fd = s.as_raw_fd();
+        let on: libc::c_int = libc::IP_PMTUDISC_DO;
+        // SAFETY: setsockopt with a c_int of its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        s.connect((to, port)).unwrap();
+        // The pod's own MTU (8950) lets it leave; its node answers.
+        s.send(&[0u8; 8000]).unwrap();
+        let mut mtu: libc::c_int = 0;
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(100));
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: getsockopt into a c_int of its size.
+            let rc = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::IPPROTO_IP,
+                    libc::IP_MTU,
+                    (&mut mtu as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0);
+            if mtu < 8950 {
+                break;
+            }
+        }
+        mtu as u32
+    })
+    .unwrap()
+}
+
 /// The path MTU node `n`'s status reports for `peer`'s subnet.
 fn path_mtu(n: &WeftNode, peer: &WeftNode) -> Option<u64> {
     let subnet = peer.subnet;
@@ -293,6 +340,11 @@ fn smaller_hop(router_icmp: bool) {
     // Jumbo frames where the path carries them; "fragmentation needed"
     // with the path's MTU where it does not, from the pod's own node.
     assert!(ping_df(&p1.ns, p2.ip, 8900), "jumbo pod 1 -> pod 2");
+    // A UDP sender with don't-fragment (pod 2, which has sent nothing to
+    // pod 3 yet): its 8000-byte datagram is answered with "fragmentation
+    // needed" naming 1450, which its socket then reports.
+    let learnt = udp_df_mtu(&p2.ns, p3.ip, 5330);
+    assert_eq!(learnt, 1450, "pod 2 -> pod 3: the socket's path MTU");
     let out = ping_df_output(&p1.ns, p3.ip, 8900);
     assert!(out.contains("mtu = 1450"), "pod 1 -> pod 3: {out}");
     let out = ping_df_output(&p3.ns, p1.ip, 8900);

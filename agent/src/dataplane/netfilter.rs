@@ -7,6 +7,10 @@
 //!   verdict. The kernel only tracks connections in a network namespace once
 //!   some rule needs it (kube-proxy's do on any Kubernetes node); host
 //!   routing asks conntrack which flows the host stack let through.
+//! - chain `mss` (per-peer path MTU, IPv4): `ip daddr <network> tcp flags
+//!   syn tcp option maxseg size set rt mtu`, at the forward hook's mangle
+//!   priority: a peer's route carries its path's MTU, so TCP between pods
+//!   starts at the path's size.
 //! - chain `postrouting` (`--ip-masq`), flannel's masquerade rules:
 //!
 //!   ```text
@@ -90,8 +94,8 @@ struct Nets {
 
 impl NetfilterSpec {
     /// Whether Weft's tables have anything to hold.
-    fn wants_table(&self) -> bool {
-        self.track || self.masquerade.is_some() || self.clamp_mss
+    fn wants_table(&self, family: Family) -> bool {
+        self.track || self.masquerade.is_some() || self.clamp_mss && family == Family::Ip
     }
 
     /// The families this node has, with their networks.
@@ -233,7 +237,7 @@ pub(crate) fn apply(spec: &NetfilterSpec) -> Result<()> {
     for family in [Family::Ip, Family::Ip6] {
         let nets = families.iter().find(|n| n.family == family);
         match nets {
-            Some(n) if spec.wants_table() => nftables::apply_table(&spec.table(*n))?,
+            Some(n) if spec.wants_table(family) => nftables::apply_table(&spec.table(*n))?,
             _ => {
                 nftables::remove_table(family, TABLE)?;
             }
@@ -272,7 +276,7 @@ pub(crate) fn heal(spec: &NetfilterSpec) -> Result<Vec<&'static str>> {
     let mut repaired = Vec::new();
     for n in spec.families() {
         let f = n.family;
-        if spec.wants_table() {
+        if spec.wants_table(f) {
             let table = spec.table(n);
             let complete = nftables::has_table(f, TABLE)?
                 && table
@@ -452,15 +456,16 @@ mod tests {
             ]
         );
         assert!(tables[1].chains.is_empty(), "IPv6 paths are not measured");
+        assert!(s.wants_table(Family::Ip) && !s.wants_table(Family::Ip6));
     }
 
     #[test]
     fn no_table_without_masquerade_or_tracking() {
         let mut s = spec();
         s.masquerade = None;
-        assert!(!s.wants_table());
+        assert!(!s.wants_table(Family::Ip));
         s.track = true;
-        assert!(s.wants_table());
+        assert!(s.wants_table(Family::Ip));
         assert_eq!(s.tables()[0].chains.len(), 1);
         assert_eq!(s.tables()[0].chains[0].name, "track");
     }
