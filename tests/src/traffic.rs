@@ -461,8 +461,8 @@ pub fn capture_count(ns: &Netns, iface: &str, filter: &str, during: impl FnOnce(
 }
 
 /// A UDP listener on `ip:port` in `ns`, bound when this returns: the
-/// payloads that arrive (trailing padding dots cut), until a second of
-/// silence after `sent` is set (however long the sender takes to start).
+/// payloads that arrive (trailing padding dots cut), until 3 s of silence
+/// after `sent` is set (however long the sender takes to start).
 pub fn udp_payloads(
     ns: &Netns,
     ip: impl Into<IpAddr>,
@@ -478,14 +478,27 @@ pub fn udp_payloads(
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         let deadline = std::time::Instant::now() + crate::scaled(Duration::from_secs(60));
+        // Quiet for this long once the sender is done: a packet that takes
+        // the host stack may wait a second for neighbour discovery.
+        let quiet = crate::scaled(Duration::from_secs(3));
+        let (mut last, mut sent_at) = (None, None);
         while std::time::Instant::now() < deadline {
             match s.recv(&mut buf) {
-                Ok(n) => got.push(
-                    String::from_utf8_lossy(&buf[..n])
-                        .trim_end_matches('.')
-                        .to_string(),
-                ),
-                Err(_) if sent.load(std::sync::atomic::Ordering::SeqCst) => break,
+                Ok(n) => {
+                    got.push(
+                        String::from_utf8_lossy(&buf[..n])
+                            .trim_end_matches('.')
+                            .to_string(),
+                    );
+                    last = Some(std::time::Instant::now());
+                }
+                Err(_) if sent.load(std::sync::atomic::Ordering::SeqCst) => {
+                    let done = *sent_at.get_or_insert_with(std::time::Instant::now);
+                    let since = last.map_or(done, |l: std::time::Instant| l.max(done));
+                    if since.elapsed() >= quiet {
+                        break;
+                    }
+                }
                 Err(_) => {}
             }
         }
