@@ -327,6 +327,10 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 11]> {
                     subnet6_of(n.index),
                 );
                 s.spec.host_routing = routing;
+                // As an agent runs by default: per-peer path MTU on. No
+                // prober runs here, so the peer stays at the base size and
+                // every packet over 1280 bytes pays the path lookup.
+                s.spec.path_mtu = true;
                 s
             };
             for (a, b) in [(0, 1), (1, 0)] {
