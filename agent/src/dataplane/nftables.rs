@@ -132,7 +132,44 @@ impl Expr {
                 vec![Attr::Str(1, name.into()), Attr::Nested(2, data)],
             )
         };
-        let value = |v: Vec<u8>| Attr::Nested(3, vec![Attr::Bytes(1, v)]); // NFTA_CMP_DATA{NFTA_DATA_VALUE}
+        // Register 1 = `len` bytes of the packet at `offset` from `base`.
+        let payload = |base: u32, offset: u32, len: u32| {
+            elem(
+                "payload",
+                vec![
+                    Attr::U32(1, NFT_REG_1), // DREG
+                    Attr::U32(2, base),      // BASE
+                    Attr::U32(3, offset),    // OFFSET
+                    Attr::U32(4, len),       // LEN
+                ],
+            )
+        };
+        // Register 1 &= `mask` (NFTA_BITWISE_MASK, XOR 0).
+        let masked = |mask: Vec<u8>| {
+            let len = mask.len();
+            elem(
+                "bitwise",
+                vec![
+                    Attr::U32(1, NFT_REG_1),  // SREG
+                    Attr::U32(2, NFT_REG_1),  // DREG
+                    Attr::U32(3, len as u32), // LEN
+                    Attr::Nested(4, vec![Attr::Bytes(1, mask)]),
+                    Attr::Nested(5, vec![Attr::Bytes(1, vec![0; len])]),
+                ],
+            )
+        };
+        // Register 1 == `v` (or != with `negate`): NFT_CMP_EQ / NEQ, and
+        // NFTA_CMP_DATA{NFTA_DATA_VALUE}.
+        let cmp = |negate: bool, v: Vec<u8>| {
+            elem(
+                "cmp",
+                vec![
+                    Attr::U32(1, NFT_REG_1),
+                    Attr::U32(2, u32::from(negate)),
+                    Attr::Nested(3, vec![Attr::Bytes(1, v)]),
+                ],
+            )
+        };
         let verdict = |code: u32| {
             elem(
                 "immediate",
@@ -156,35 +193,10 @@ impl Expr {
                     std::net::IpAddr::V6(a) => a.octets().to_vec(),
                 };
                 let mask = octets(net.netmask());
-                let len = mask.len() as u32;
                 vec![
-                    elem(
-                        "payload",
-                        vec![
-                            Attr::U32(1, NFT_REG_1),                  // DREG
-                            Attr::U32(2, NFT_PAYLOAD_NETWORK_HEADER), // BASE
-                            Attr::U32(3, *offset),                    // OFFSET
-                            Attr::U32(4, len),                        // LEN
-                        ],
-                    ),
-                    elem(
-                        "bitwise",
-                        vec![
-                            Attr::U32(1, NFT_REG_1), // SREG
-                            Attr::U32(2, NFT_REG_1), // DREG
-                            Attr::U32(3, len),       // LEN
-                            Attr::Nested(4, vec![Attr::Bytes(1, mask)]),
-                            Attr::Nested(5, vec![Attr::Bytes(1, vec![0; len as usize])]),
-                        ],
-                    ),
-                    elem(
-                        "cmp",
-                        vec![
-                            Attr::U32(1, NFT_REG_1),
-                            Attr::U32(2, u32::from(*negate)), // NFT_CMP_EQ / NEQ
-                            value(octets(net.network())),
-                        ],
-                    ),
+                    payload(NFT_PAYLOAD_NETWORK_HEADER, *offset, mask.len() as u32),
+                    masked(mask),
+                    cmp(*negate, octets(net.network())),
                 ]
             }
             Expr::MarkAll(mask) => vec![
@@ -192,69 +204,19 @@ impl Expr {
                     "meta",
                     vec![Attr::U32(1, NFT_REG_1), Attr::U32(2, NFT_META_MARK)],
                 ),
-                elem(
-                    "bitwise",
-                    vec![
-                        Attr::U32(1, NFT_REG_1),
-                        Attr::U32(2, NFT_REG_1),
-                        Attr::U32(3, 4),
-                        Attr::Nested(4, vec![Attr::Bytes(1, mask.to_ne_bytes().to_vec())]),
-                        Attr::Nested(5, vec![Attr::Bytes(1, vec![0; 4])]),
-                    ],
-                ),
-                elem(
-                    "cmp",
-                    vec![
-                        Attr::U32(1, NFT_REG_1),
-                        Attr::U32(2, 0),
-                        value(mask.to_ne_bytes().to_vec()),
-                    ],
-                ),
+                masked(mask.to_ne_bytes().to_vec()),
+                cmp(false, mask.to_ne_bytes().to_vec()),
             ],
             // NFTA_CT_DREG = NFT_REG_1, NFTA_CT_KEY = NFT_CT_STATE
             Expr::CtState => vec![elem("ct", vec![Attr::U32(1, NFT_REG_1), Attr::U32(2, 0)])],
             Expr::Counter => vec![elem("counter", vec![])],
             Expr::TcpSyn => vec![
-                elem(
-                    "payload",
-                    vec![
-                        Attr::U32(1, NFT_REG_1),
-                        Attr::U32(2, NFT_PAYLOAD_NETWORK_HEADER),
-                        Attr::U32(3, 9), // the protocol
-                        Attr::U32(4, 1),
-                    ],
-                ),
-                elem(
-                    "cmp",
-                    vec![Attr::U32(1, NFT_REG_1), Attr::U32(2, 0), value(vec![6])],
-                ),
-                elem(
-                    "payload",
-                    vec![
-                        Attr::U32(1, NFT_REG_1),
-                        Attr::U32(2, NFT_PAYLOAD_TRANSPORT_HEADER),
-                        Attr::U32(3, 13), // the flags
-                        Attr::U32(4, 1),
-                    ],
-                ),
-                elem(
-                    "bitwise",
-                    vec![
-                        Attr::U32(1, NFT_REG_1),
-                        Attr::U32(2, NFT_REG_1),
-                        Attr::U32(3, 1),
-                        Attr::Nested(4, vec![Attr::Bytes(1, vec![TCP_SYN | TCP_RST])]),
-                        Attr::Nested(5, vec![Attr::Bytes(1, vec![0])]),
-                    ],
-                ),
-                elem(
-                    "cmp",
-                    vec![
-                        Attr::U32(1, NFT_REG_1),
-                        Attr::U32(2, 0),
-                        value(vec![TCP_SYN]),
-                    ],
-                ),
+                // The protocol, then the flags.
+                payload(NFT_PAYLOAD_NETWORK_HEADER, 9, 1),
+                cmp(false, vec![libc::IPPROTO_TCP as u8]),
+                payload(NFT_PAYLOAD_TRANSPORT_HEADER, 13, 1),
+                masked(vec![TCP_SYN | TCP_RST]),
+                cmp(false, vec![TCP_SYN]),
             ],
             Expr::ClampMssToRoute => vec![
                 // NFTA_RT_DREG, NFTA_RT_KEY

@@ -57,6 +57,13 @@ pub(crate) struct Settings {
     pub port: u16,
 }
 
+/// The subnets among `known` that are not in `peers`: what a table
+/// forgets when the peer set becomes `peers`.
+fn gone<'a>(known: impl Iterator<Item = &'a IpNet>, peers: &[(IpNet, IpAddr)]) -> Vec<IpNet> {
+    let keep: std::collections::HashSet<&IpNet> = peers.iter().map(|(s, _)| s).collect();
+    known.filter(|s| !keep.contains(s)).copied().collect()
+}
+
 /// One peer as `weft status` shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct PeerHealth {

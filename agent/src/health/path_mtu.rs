@@ -75,10 +75,28 @@ pub(crate) struct Measured {
     pub at: SystemTime,
 }
 
+/// The sizes searched under `ceiling`, ascending: the plateaus up to it,
+/// it, and the base size.
+fn candidates(ceiling: u32) -> Vec<u32> {
+    let base = ceiling.min(dataplane_common::DEFAULT_PATH_MTU);
+    let mut c: Vec<u32> = PLATEAUS
+        .iter()
+        .copied()
+        .filter(|p| *p <= ceiling)
+        .chain([ceiling, base])
+        .collect();
+    c.sort_unstable();
+    c.dedup();
+    c
+}
+
 /// Every IPv4 peer's search.
 pub(crate) struct PathMtus {
     /// The uplink's MTU: the largest outer packet searched for.
     ceiling: u32,
+    /// The sizes searched, ascending: the plateaus up to the ceiling, the
+    /// ceiling and the base size.
+    candidates: Vec<u32>,
     timeout: Duration,
     recheck: Duration,
     peers: HashMap<IpNet, Search>,
@@ -104,6 +122,7 @@ impl PathMtus {
     pub(crate) fn new(ceiling: u32, timeout: Duration, recheck: Duration) -> Self {
         Self {
             ceiling,
+            candidates: candidates(ceiling),
             timeout,
             recheck,
             peers: HashMap::new(),
@@ -168,6 +187,7 @@ impl PathMtus {
             return;
         }
         self.ceiling = ceiling;
+        self.candidates = candidates(ceiling);
         let subnets: Vec<(IpNet, Ipv4Addr)> =
             self.peers.iter().map(|(s, e)| (*s, e.vtep)).collect();
         for (s, v) in subnets {
@@ -224,14 +244,7 @@ impl PathMtus {
 
     /// The peers are now `peers`: gone ones are forgotten.
     pub(crate) fn set_peers(&mut self, peers: &[(IpNet, IpAddr)], now: Instant) {
-        let keep: std::collections::HashSet<IpNet> = peers.iter().map(|(s, _)| *s).collect();
-        let gone: Vec<IpNet> = self
-            .peers
-            .keys()
-            .filter(|s| !keep.contains(s))
-            .copied()
-            .collect();
-        for s in gone {
+        for s in super::gone(self.peers.keys(), peers) {
             self.remove(&s);
         }
         for (s, v) in peers {
@@ -239,23 +252,9 @@ impl PathMtus {
         }
     }
 
-    /// The sizes searched: the plateaus up to the uplink's MTU, and its.
-    fn candidates(&self) -> Vec<u32> {
-        let mut c: Vec<u32> = PLATEAUS
-            .iter()
-            .copied()
-            .filter(|p| *p <= self.ceiling)
-            .chain([self.ceiling, self.base()])
-            .collect();
-        c.sort_unstable();
-        c.dedup();
-        c
-    }
-
     /// The size a search probes next, or None once it is done.
     fn next_size(&self, e: &Search) -> Option<u32> {
         let base = self.base();
-        let cands = self.candidates();
         if e.lo == 0 {
             // A check of what was measured, then the base size, then
             // downwards.
@@ -267,22 +266,21 @@ impl PathMtus {
             if e.hi > base {
                 return Some(base);
             }
-            let below: Vec<u32> = cands
-                .into_iter()
-                .filter(|p| *p < e.hi && *p >= FLOOR)
-                .collect();
-            return below.get(below.len() / 2).copied();
+            return self.middle(FLOOR, e.hi);
         }
         if e.hi > self.ceiling {
             return (e.lo < self.ceiling).then_some(self.ceiling);
         }
         // Bisect over the sizes strictly between what was answered and
         // what was too big.
-        let between: Vec<u32> = cands
-            .into_iter()
-            .filter(|p| *p > e.lo && *p < e.hi)
-            .collect();
-        between.get(between.len() / 2).copied()
+        self.middle(e.lo + 1, e.hi)
+    }
+
+    /// The middle one of the sizes searched in `from..to`.
+    fn middle(&self, from: u32, to: u32) -> Option<u32> {
+        let c = &self.candidates;
+        let sizes = c.get(c.partition_point(|p| *p < from)..c.partition_point(|p| *p < to))?;
+        sizes.get(sizes.len() / 2).copied()
     }
 
     /// Up to `budget` probes whose time has come: (target, size, seq),

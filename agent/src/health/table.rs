@@ -135,14 +135,7 @@ impl Table {
     /// The peers are now `peers` (subnet, VTEP): gone ones are forgotten,
     /// the others as [`Table::upsert`].
     pub(crate) fn set_peers(&mut self, peers: &[(IpNet, IpAddr)], now: Instant) {
-        let keep: std::collections::HashSet<IpNet> = peers.iter().map(|(s, _)| *s).collect();
-        let gone: Vec<IpNet> = self
-            .peers
-            .keys()
-            .filter(|s| !keep.contains(s))
-            .copied()
-            .collect();
-        for s in gone {
+        for s in super::gone(self.peers.keys(), peers) {
             self.remove(&s);
         }
         for (subnet, vtep) in peers {

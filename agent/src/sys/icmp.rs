@@ -139,20 +139,14 @@ impl Pinger {
     pub(crate) fn recv(&mut self, wait: Duration) -> Result<Option<Echoed>> {
         let deadline = Instant::now() + wait;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            let Some((n, from)) = self.sock.recv_from(&mut self.buf, left)? else {
-                return Ok(None);
-            };
-            if let Some(seq) = reply_seq(self.sock.v6, &self.buf[..n], self.id) {
-                return Ok(Some(Echoed { from, seq }));
+            match self.recv_any(deadline.saturating_duration_since(Instant::now()))? {
+                Some(Received::Echo(e)) => return Ok(Some(e)),
+                Some(Received::FragNeeded { .. }) => {}
+                None => return Ok(None),
             }
         }
     }
 }
-
 /// What an IPv4 [`Pinger`] received: an echo reply of its own, or a
 /// "fragmentation needed" the underlay sent about a UDP packet of this
 /// node's (an encapsulated one, if `dport` is the VXLAN port).
