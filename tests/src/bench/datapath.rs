@@ -1,5 +1,5 @@
 //! `cargo xtask bench datapath [--json FILE] [--rounds N] [--seconds S]
-//! [--configs route,kernel_vxlan,weft,weft_legacy,weft_unreg,weft_bpf,weft_xdp,weft_rps]`
+//! [--configs route,kernel_vxlan,weft,weft_legacy,weft_unreg,weft_bpf,weft_xdp,weft_rps,weft_nopmtu]`
 //!
 //! One topology, two nodes joined by a veth pair (the underlay), one pod on
 //! each node attached by the CNI plugins (bridge + host-local, as flannel's
@@ -22,7 +22,9 @@
 //!   `weft_rps` (`weft` with receive packet steering on every device of
 //!   both nodes: a flow's packets then queue on one CPU's backlog whichever
 //!   CPU sent them, which shows how many of `weft`'s retransmissions come
-//!   from packets of one flow racing through two CPUs' backlogs).
+//!   from packets of one flow racing through two CPUs' backlogs),
+//!   `weft_nopmtu` (`weft` with per-peer path MTU off, `--path-mtu=false`:
+//!   what its lookup costs).
 //!
 //! Metrics: `tcp_gbps` (1 stream), `tcp4_gbps` (4 streams: four iperf3
 //! clients at once, because iperf3 before 3.16 runs all the streams of
@@ -59,7 +61,7 @@ use crate::{
     pins::TestPins,
 };
 
-const CONFIGS: [&str; 8] = [
+const CONFIGS: [&str; 9] = [
     "route",
     "kernel_vxlan",
     "weft",
@@ -68,6 +70,7 @@ const CONFIGS: [&str; 8] = [
     "weft_unreg",
     "weft_xdp",
     "weft_rps",
+    "weft_nopmtu",
 ];
 
 /// The goals on the ratio of medians, a Weft configuration against a
@@ -312,9 +315,12 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 11]> {
                 flannel_peer6(&nodes[a], subnet6_of(o), underlay6(o), macs6[b])?;
             }
         }
-        "weft" | "weft_rps" | "weft_bpf" | "weft_legacy" | "weft_xdp" | "weft_unreg" => {
+        "weft" | "weft_rps" | "weft_bpf" | "weft_legacy" | "weft_xdp" | "weft_unreg"
+        | "weft_nopmtu" => {
             let (mode, routing) = match cfg {
-                "weft" | "weft_rps" | "weft_unreg" => (XdpMode::Auto, HostRouting::Auto),
+                "weft" | "weft_rps" | "weft_unreg" | "weft_nopmtu" => {
+                    (XdpMode::Auto, HostRouting::Auto)
+                }
                 "weft_bpf" => (XdpMode::Auto, HostRouting::Bpf),
                 "weft_legacy" => (XdpMode::Auto, HostRouting::Legacy),
                 _ => (XdpMode::Native, HostRouting::Auto),
@@ -330,7 +336,7 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 11]> {
                 // As an agent runs by default: per-peer path MTU on. No
                 // prober runs here, so the peer stays at the base size and
                 // every packet over 1280 bytes pays the path lookup.
-                s.spec.path_mtu = true;
+                s.spec.path_mtu = cfg != "weft_nopmtu";
                 s
             };
             for (a, b) in [(0, 1), (1, 0)] {
