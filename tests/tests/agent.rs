@@ -61,10 +61,23 @@ fn cluster_from_cold_join_and_lease_deletion() {
     let n2 = &c.nodes[1];
     n2.agent.pause();
     c.etcd.etcdctl(&["del", &n2.lease_key()]).unwrap();
+    // From their maps and their routes (an IPv4 device route is scope
+    // link, which a delete must match).
+    let s2 = c.nodes[1].subnet.to_string();
+    let routes = |i: usize| {
+        c.nodes[i]
+            .node
+            .ns
+            .ip(&["route", "show", "proto", "44"])
+            .unwrap()
+    };
     eventually("the others drop node 2", T, || {
         [0, 2, 3]
             .iter()
-            .all(|i| !c.nodes[*i].peer_subnets().contains(&c.nodes[1].subnet))
+            .all(|i| {
+                !c.nodes[*i].peer_subnets().contains(&c.nodes[1].subnet)
+                    && !routes(*i).contains(&s2)
+            })
             .then_some(())
     });
     let p2 = c.nodes[1].node.pods[0].ip;
@@ -205,6 +218,18 @@ fn restart_resyncs_vanished_peers() {
     eventually("the restarted agent removes the vanished peer", T, || {
         (c.nodes[0].peer_subnets() == vec![c.nodes[1].subnet]).then_some(())
     });
+    let routes = c.nodes[0]
+        .node
+        .ns
+        .ip(&["route", "show", "proto", "44"])
+        .unwrap();
+    assert!(
+        !routes.contains(&c.nodes[2].subnet.to_string())
+            && routes.contains(&c.nodes[1].subnet.to_string()),
+        "the vanished peer's route ({}) goes too, the other's ({}) stays: {routes}",
+        c.nodes[2].subnet,
+        c.nodes[1].subnet
+    );
     assert_eq!(c.nodes[0].metric("weft_peers"), 1.0);
     assert!(ping(
         &c.nodes[0].node.pods[0].ns,

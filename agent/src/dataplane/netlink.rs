@@ -566,16 +566,16 @@ impl Netlink {
             .into_iter()
             .map(|l| (l.index, l.name))
             .collect();
-        for m in self.route_messages().await? {
+        let mut visit = |m: &RouteMessage| {
             if m.header.table != MAIN_TABLE
                 || m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL)
             {
-                continue;
+                return;
             }
-            let Some(r) = parse_route(&m) else {
+            let Some(r) = parse_route(m) else {
                 // No output device: a blackhole, unreachable or multipath
                 // route; somebody else's either way.
-                if let Some(dst) = route_dst(&m) {
+                if let Some(dst) = route_dst(m) {
                     foreign.insert(
                         (dst, m.header.destination_prefix_length),
                         (
@@ -587,10 +587,10 @@ impl Netlink {
                         ),
                     );
                 }
-                continue;
+                return;
             };
             if Some(r.oif) == adopt {
-                continue;
+                return;
             }
             let dev = names
                 .get(&r.oif)
@@ -603,7 +603,9 @@ impl Netlink {
                     Some((r.oif, r.gateway)),
                 ),
             );
-        }
+        };
+        self.each_route(false, &mut visit).await?;
+        self.each_route(true, &mut visit).await?;
         Ok(foreign)
     }
 
@@ -632,8 +634,10 @@ impl Netlink {
     /// Deletes a route (a route that is already gone is not an error).
     pub(crate) async fn del_route(&self, route: &Route) -> Result<()> {
         let mut msg = route_message(route, None);
-        // Deleting matches on what is given: no scope.
-        msg.header.scope = RouteScope::Universe;
+        // Any scope: the kernel matches a delete's scope unless it is
+        // RT_SCOPE_NOWHERE (what `ip route del` sends), and an IPv4 device
+        // route is scope link.
+        msg.header.scope = RouteScope::NoWhere;
         match self.handle.route().del(msg).execute().await {
             Ok(()) => Ok(()),
             Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
@@ -645,32 +649,27 @@ impl Netlink {
 
     /// The device of the IPv4 default route, if any.
     pub(crate) async fn default_route_oif(&self) -> Result<Option<u32>> {
-        Ok(self
-            .route_messages()
-            .await?
-            .iter()
-            .filter(|m| {
-                m.header.destination_prefix_length == 0
-                    && m.header.table == MAIN_TABLE
-                    && m.header.address_family == AddressFamily::Inet
-            })
-            .find_map(parse_route)
-            .map(|r| r.oif))
+        self.default_oif(false).await
     }
 
     /// The device of the IPv6 default route, if any.
     pub(crate) async fn default_route6_oif(&self) -> Result<Option<u32>> {
-        Ok(self
-            .route_messages()
-            .await?
-            .iter()
-            .filter(|m| {
-                m.header.destination_prefix_length == 0
-                    && m.header.table == MAIN_TABLE
-                    && m.header.address_family == AddressFamily::Inet6
-            })
-            .find_map(parse_route)
-            .map(|r| r.oif))
+        self.default_oif(true).await
+    }
+
+    /// The device of one family's default route in the main table.
+    async fn default_oif(&self, v6: bool) -> Result<Option<u32>> {
+        let mut oif = None;
+        self.each_route(v6, &mut |m: &RouteMessage| {
+            if oif.is_none()
+                && m.header.destination_prefix_length == 0
+                && m.header.table == MAIN_TABLE
+            {
+                oif = parse_route(m).map(|r| r.oif);
+            }
+        })
+        .await?;
+        Ok(oif)
     }
 
     pub(crate) async fn link_by_index(&self, index: u32) -> Result<Option<Link>> {
@@ -684,35 +683,35 @@ impl Netlink {
 
     /// The routes Weft installed (by protocol), IPv4 and IPv6.
     pub(crate) async fn weft_routes(&self) -> Result<Vec<Route>> {
-        Ok(self
-            .route_messages()
-            .await?
-            .iter()
-            .filter(|m| m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL))
-            .filter_map(parse_route)
-            .collect())
+        let mut out = Vec::new();
+        let mut visit = |m: &RouteMessage| {
+            if m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL) {
+                out.extend(parse_route(m));
+            }
+        };
+        self.each_route(false, &mut visit).await?;
+        self.each_route(true, &mut visit).await?;
+        Ok(out)
     }
 
-    /// Every route, IPv4 then IPv6.
-    async fn route_messages(&self) -> Result<Vec<RouteMessage>> {
-        let mut out: Vec<RouteMessage> = self
-            .handle
-            .route()
-            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
-            .execute()
-            .try_collect()
+    /// Calls `f` on each route of one family as the dump streams in: a node
+    /// with 50,000 peers has as many routes, never all held at once (as
+    /// messages they were 15-20 MB, every time the routes were checked).
+    async fn each_route<F: FnMut(&RouteMessage)>(&self, v6: bool, f: &mut F) -> Result<()> {
+        let request = if v6 {
+            RouteMessageBuilder::<Ipv6Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<Ipv4Addr>::new().build()
+        };
+        let mut routes = self.handle.route().get(request).execute();
+        while let Some(m) = routes
+            .try_next()
             .await
-            .context("listing routes")?;
-        let v6: Vec<RouteMessage> = self
-            .handle
-            .route()
-            .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
-            .execute()
-            .try_collect()
-            .await
-            .context("listing IPv6 routes")?;
-        out.extend(v6);
-        Ok(out)
+            .with_context(|| format!("listing {} routes", if v6 { "IPv6" } else { "IPv4" }))?
+        {
+            f(&m);
+        }
+        Ok(())
     }
 }
 
