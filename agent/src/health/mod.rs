@@ -198,18 +198,33 @@ impl Prober {
     /// those not reachable first (a report of 50,000 peers helps nobody).
     pub(crate) fn peers(&self, limit: usize) -> Vec<PeerHealth> {
         let t = self.shared.table.lock().expect("prober lock");
+        // The `limit` first by (state, subnet), kept in a bounded heap: a
+        // record is made for those only, not for every peer every second.
+        let mut first: std::collections::BinaryHeap<(State, IpNet)> =
+            std::collections::BinaryHeap::with_capacity(limit + 1);
         let all = t.len() <= limit;
-        let timeout = t.timeout();
-        let mut out: Vec<PeerHealth> = t
+        for (s, e) in t
             .peers()
             .filter(|(_, e)| all || e.state != State::Reachable)
-            .map(|(s, e)| PeerHealth {
-                subnet: *s,
-                vtep: e.vtep,
-                state: e.state,
-                rtt: e.rtt(),
-                last_error: e.last_error.as_ref().map(|m| m.describe(timeout)),
-                path_mtu: None,
+        {
+            first.push((e.state, *s));
+            if first.len() > limit {
+                first.pop();
+            }
+        }
+        let timeout = t.timeout();
+        let mut out: Vec<PeerHealth> = first
+            .into_iter()
+            .filter_map(|(_, s)| {
+                let e = t.get(&s)?;
+                Some(PeerHealth {
+                    subnet: s,
+                    vtep: e.vtep,
+                    state: e.state,
+                    rtt: e.rtt(),
+                    last_error: e.last_error.as_ref().map(|m| m.describe(timeout)),
+                    path_mtu: None,
+                })
             })
             .collect();
         drop(t);
@@ -219,8 +234,6 @@ impl Prober {
                 p.path_mtu = path.get(&p.subnet);
             }
         }
-        out.sort_by_key(|p| (p.state, p.subnet));
-        out.truncate(limit);
         out.sort_by_key(|p| p.subnet);
         out
     }

@@ -58,8 +58,9 @@ struct Search {
     /// A smaller size the underlay's "fragmentation needed" named, to be
     /// probed next.
     hinted: Option<u32>,
-    /// The probe in flight: (seq, size, sent, whether it checks a hint).
-    in_flight: Option<(u16, u32, Instant, bool)>,
+    /// The probe in flight: (seq, size, whether it checks a hint); when it
+    /// left is in [`PathMtus::in_flight`].
+    in_flight: Option<(u16, u32, bool)>,
     next_at: Instant,
     /// What the dataplane was told, and when it was measured.
     mtu: Option<u32>,
@@ -190,8 +191,8 @@ impl PathMtus {
         self.candidates = candidates(ceiling);
         let subnets: Vec<(IpNet, Ipv4Addr)> =
             self.peers.iter().map(|(s, e)| (*s, e.vtep)).collect();
+        self.remove_all(&subnets.iter().map(|(s, _)| *s).collect::<Vec<_>>());
         for (s, v) in subnets {
-            self.remove(&s);
             self.upsert(s, IpAddr::V4(v), now);
         }
     }
@@ -227,7 +228,17 @@ impl PathMtus {
 
     /// A peer gone.
     pub(crate) fn remove(&mut self, subnet: &IpNet) {
-        if let Some(e) = self.peers.remove(subnet) {
+        self.remove_all(std::slice::from_ref(subnet));
+    }
+
+    /// Peers gone. A measured VTEP no peer left has goes back to the base
+    /// size (one pass over the rest, however many went).
+    fn remove_all(&mut self, subnets: &[IpNet]) {
+        let mut measured = Vec::new();
+        for subnet in subnets {
+            let Some(e) = self.peers.remove(subnet) else {
+                continue;
+            };
             match e.in_flight {
                 Some((seq, ..)) => {
                     self.by_seq.remove(&seq);
@@ -236,17 +247,25 @@ impl PathMtus {
                     self.schedule.remove(&(e.next_at, *subnet));
                 }
             }
-            if e.mtu.is_some() && !self.peers.values().any(|o| o.vtep == e.vtep) {
-                self.changes.insert(e.vtep, None);
+            if e.mtu.is_some() {
+                measured.push(e.vtep);
+            }
+        }
+        if measured.is_empty() {
+            return;
+        }
+        let left: std::collections::HashSet<Ipv4Addr> =
+            self.peers.values().map(|e| e.vtep).collect();
+        for vtep in measured {
+            if !left.contains(&vtep) {
+                self.changes.insert(vtep, None);
             }
         }
     }
 
     /// The peers are now `peers`: gone ones are forgotten.
     pub(crate) fn set_peers(&mut self, peers: &[(IpNet, IpAddr)], now: Instant) {
-        for s in super::gone(self.peers.keys(), peers) {
-            self.remove(&s);
-        }
+        self.remove_all(&super::gone(self.peers.keys(), peers));
         for (s, v) in peers {
             self.upsert(*s, *v, now);
         }
@@ -311,7 +330,7 @@ impl PathMtus {
             let seq = self.next_seq();
             let e = self.peers.get_mut(&subnet).expect("listed above");
             e.hinted = None;
-            e.in_flight = Some((seq, size, now, hinted.is_some()));
+            e.in_flight = Some((seq, size, hinted.is_some()));
             self.by_seq.insert(seq, subnet);
             self.in_flight.push_back((seq, subnet, now));
             self.probes += 1;
@@ -376,7 +395,7 @@ impl PathMtus {
         let Some(e) = self.peers.get_mut(&subnet) else {
             return;
         };
-        let Some((s, size, _, hint)) = e.in_flight.take() else {
+        let Some((s, size, hint)) = e.in_flight.take() else {
             return;
         };
         if s != seq {
@@ -550,6 +569,27 @@ mod tests {
         let mut p = PathMtus::new(9000, T, Duration::from_secs(10));
         p.upsert(net("10.244.3.0/24"), "192.0.2.3".parse().unwrap(), now);
         assert_eq!(settle(&mut p, 1410, now).0, Some(1400));
+    }
+
+    #[test]
+    fn a_vtep_goes_back_to_the_base_size_once_no_peer_has_it() {
+        let now = Instant::now();
+        let mut p = PathMtus::new(9000, T, Duration::from_secs(10));
+        let (shared, alone): (IpAddr, IpAddr) =
+            ("192.0.2.2".parse().unwrap(), "192.0.2.3".parse().unwrap());
+        let peers = [
+            (net("10.244.2.0/24"), shared),
+            (net("10.244.4.0/24"), shared),
+            (net("10.244.3.0/24"), alone),
+        ];
+        p.set_peers(&peers, now);
+        assert_eq!(settle(&mut p, 9000, now).0, Some(9000));
+        p.take_changes();
+        // One of the shared VTEP's subnets and the other VTEP's go at once.
+        p.set_peers(&peers[..1], now);
+        let IpAddr::V4(alone) = alone else { panic!() };
+        assert_eq!(p.take_changes(), [(alone, None)]);
+        assert_eq!(p.get(&peers[0].0).map(|m| m.mtu), Some(9000));
     }
 
     #[test]

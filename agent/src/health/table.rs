@@ -312,6 +312,10 @@ impl Table {
         }
     }
 
+    pub(crate) fn get(&self, subnet: &IpNet) -> Option<&Entry> {
+        self.peers.get(subnet)
+    }
+
     pub(crate) fn peers(&self) -> impl Iterator<Item = (&IpNet, &Entry)> {
         self.peers.iter()
     }

@@ -419,21 +419,16 @@ impl PeerTable {
     /// with a route problem are retried on their own schedule) and removes
     /// Weft's routes to no peer; returns whether any were missing.
     pub(super) async fn heal_routes(&mut self, r: &Routing<'_>) -> Result<bool> {
-        let want: HashMap<(IpAddr, u8), Route> = self
-            .peers
-            .values()
-            .filter(|p| !self.problems.contains_key(&p.subnet))
-            .filter_map(|p| self.route_for(r, p))
-            .map(|route| ((route.dst, route.prefix_len), route))
-            .collect();
-        // Sets: tens of thousands of peers are checked every few seconds.
+        // A set: tens of thousands of peers are checked every few seconds.
         let have: HashSet<Route> = r.nl.weft_routes().await?.into_iter().collect();
         let missing: Vec<Peer> = self
             .peers
             .values()
             .filter(|p| {
-                want.get(&(p.subnet.network(), p.subnet.prefix_len()))
-                    .is_some_and(|route| !have.contains(route))
+                !self.problems.contains_key(&p.subnet)
+                    && self
+                        .route_for(r, p)
+                        .is_some_and(|route| !have.contains(&route))
             })
             .copied()
             .collect();
