@@ -65,7 +65,7 @@ pub fn main() -> ExitCode {
     if cni::invoked() {
         return cni::main();
     }
-    sys::memory::one_arena();
+    sys::memory::tune_allocator();
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
     let rt = match tokio::runtime::Builder::new_current_thread()

@@ -5,7 +5,10 @@
 //! `{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan",
 //!   "BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}`
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    borrow::Cow,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -17,7 +20,9 @@ use crate::mac::MacAddr;
 pub struct LeaseAttrs {
     pub public_ip: Ipv4Addr,
     pub public_ipv6: Option<Ipv6Addr>,
-    pub backend_type: String,
+    /// `"vxlan"` (every lease Weft accepts) without an allocation of its
+    /// own: 50,000 leases kept 1.6 MB of copies of it.
+    pub backend_type: Cow<'static, str>,
     /// Kept as the JSON text it was written as (compact, and written back
     /// unchanged).
     pub backend_data: Option<RawJson>,
@@ -159,7 +164,10 @@ impl LeaseAttrs {
         Ok(Self {
             public_ip,
             public_ipv6,
-            backend_type: w.backend_type,
+            backend_type: match w.backend_type.as_str() {
+                "vxlan" => Cow::Borrowed("vxlan"),
+                _ => Cow::Owned(w.backend_type),
+            },
             backend_data: w.backend_data,
             backend_v6_data: w.backend_v6_data,
             node_id: w.node_id.filter(|n| !n.is_empty()),
@@ -171,7 +179,7 @@ impl LeaseAttrs {
         let w = Wire {
             public_ip: self.public_ip.to_string(),
             public_ipv6: self.public_ipv6.map(|ip| ip.to_string()),
-            backend_type: self.backend_type.clone(),
+            backend_type: self.backend_type.to_string(),
             backend_data: self.backend_data.clone(),
             backend_v6_data: self.backend_v6_data.clone(),
             node_id: self.node_id.clone(),
@@ -182,7 +190,7 @@ impl LeaseAttrs {
     /// The vxlan backend data, for a lease of the vxlan backend.
     pub fn vxlan_data(&self) -> Result<VxlanData, AttrsError> {
         if self.backend_type != "vxlan" {
-            return Err(AttrsError::NotVxlan(self.backend_type.clone()));
+            return Err(AttrsError::NotVxlan(self.backend_type.to_string()));
         }
         let data = self
             .backend_data
@@ -194,7 +202,7 @@ impl LeaseAttrs {
     /// The vxlan backend data of the IPv6 VTEP (`BackendV6Data`).
     pub fn vxlan_v6_data(&self) -> Result<VxlanData, AttrsError> {
         if self.backend_type != "vxlan" {
-            return Err(AttrsError::NotVxlan(self.backend_type.clone()));
+            return Err(AttrsError::NotVxlan(self.backend_type.to_string()));
         }
         let data = self
             .backend_v6_data

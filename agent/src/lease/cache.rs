@@ -5,7 +5,12 @@
 //! A malformed value from another writer is skipped with a warning naming
 //! its key and counted; it never stops anything. The lease view owns it.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    borrow::Borrow,
+    collections::{HashMap, HashSet},
+    hash::{Hash, Hasher},
+    sync::Arc,
+};
 
 use super::{
     attrs::LeaseAttrs,
@@ -45,14 +50,41 @@ pub(crate) enum LeaseEvent {
     },
 }
 
+/// A lease in a set, found by its key: the key is kept once, in the lease
+/// (at 50,000 leases a second copy as a map's key was 4.8 MB).
+#[derive(Debug)]
+struct ByKey(Lease);
+
+impl PartialEq for ByKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for ByKey {}
+
+impl Hash for ByKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        // As the key's own hash, so a lookup by `&str` finds it.
+        self.0.key.as_str().hash(h);
+    }
+}
+
+impl Borrow<str> for ByKey {
+    fn borrow(&self) -> &str {
+        &self.0.key
+    }
+}
+
 /// What the node knows of the leases, and the diffing that turns etcd's
 /// changes into changes of leases.
 #[derive(Default)]
 pub(super) struct LeaseCache {
     prefix: String,
-    leases: HashMap<String, Lease>,
-    /// The revision of the last change applied to each key (deletes too), to
-    /// drop duplicates and stale events.
+    leases: HashSet<ByKey>,
+    /// The revision of the last change applied to each key that holds no
+    /// lease (deleted, or malformed), to drop duplicates and stale events;
+    /// a key that holds one has it in the lease's `mod_revision`.
     seen: HashMap<String, i64>,
     metrics: Option<Arc<Metrics>>,
 }
@@ -91,18 +123,26 @@ impl LeaseCache {
 
     /// The leases known.
     pub(super) fn leases(&self) -> impl Iterator<Item = &Lease> {
-        self.leases.values()
+        self.leases.iter().map(|l| &l.0)
     }
 
     /// Whether `key` holds a lease.
     pub(super) fn contains(&self, key: &str) -> bool {
-        self.leases.contains_key(key)
+        self.leases.contains(key)
+    }
+
+    /// The revision of the last change applied to `key`.
+    fn last_revision(&self, key: &str) -> Option<i64> {
+        match self.leases.get(key) {
+            Some(l) => Some(l.0.mod_revision),
+            None => self.seen.get(key).copied(),
+        }
     }
 
     /// What a watch event changes.
     pub(super) fn take(&mut self, ev: WatchEvent) -> Vec<LeaseEvent> {
         match ev {
-            WatchEvent::Put(kv) => self.put(&kv).into_iter().collect(),
+            WatchEvent::Put(kv) => self.put(&kv, true).into_iter().collect(),
             WatchEvent::Delete { key, revision } => {
                 self.delete(&key, revision).into_iter().collect()
             }
@@ -115,70 +155,74 @@ impl LeaseCache {
     pub(super) fn record(&mut self, ev: &LeaseEvent) {
         match ev {
             LeaseEvent::Added(l) | LeaseEvent::Changed { new: l, .. } => {
-                self.leases.insert(l.key.clone(), l.clone());
+                self.leases.replace(ByKey(l.clone()));
             }
             LeaseEvent::Removed(l) => {
-                self.leases.remove(&l.key);
+                self.leases.remove(l.key.as_str());
             }
             LeaseEvent::Listing | LeaseEvent::Synced { .. } => {}
         }
     }
 
-    /// A put seen at `kv.mod_revision`.
-    fn put(&mut self, kv: &KeyValue) -> Option<LeaseEvent> {
-        if self
-            .seen
-            .get(&kv.key)
-            .is_some_and(|r| *r >= kv.mod_revision)
+    /// A put seen at `kv.mod_revision`; with `stale_check`, dropped unless
+    /// newer than the last change applied to its key.
+    fn put(&mut self, kv: &KeyValue, stale_check: bool) -> Option<LeaseEvent> {
+        if stale_check
+            && self
+                .last_revision(&kv.key)
+                .is_some_and(|r| r >= kv.mod_revision)
         {
             return None;
         }
-        self.seen.insert(kv.key.clone(), kv.mod_revision);
         let Some(new) = self.parse(kv) else {
             // A lease rewritten as junk is no lease any more: its peer goes.
-            return self.leases.remove(&kv.key).map(LeaseEvent::Removed);
+            self.seen.insert(kv.key.clone(), kv.mod_revision);
+            return self
+                .leases
+                .take(kv.key.as_str())
+                .map(|old| LeaseEvent::Removed(old.0));
         };
-        match self.leases.insert(kv.key.clone(), new.clone()) {
+        self.seen.remove(&kv.key);
+        match self.leases.replace(ByKey(new.clone())) {
             None => Some(LeaseEvent::Added(new)),
-            Some(old) if old == new => None,
-            Some(old) => Some(LeaseEvent::Changed { old, new }),
+            Some(old) if old.0 == new => None,
+            Some(old) => Some(LeaseEvent::Changed { old: old.0, new }),
         }
     }
 
     /// A delete seen at `revision`.
     fn delete(&mut self, key: &str, revision: i64) -> Option<LeaseEvent> {
-        if self.seen.get(key).is_some_and(|r| *r >= revision) {
+        if self.last_revision(key).is_some_and(|r| r >= revision) {
             return None;
         }
         self.seen.insert(key.to_string(), revision);
-        self.leases.remove(key).map(LeaseEvent::Removed)
+        self.leases.take(key).map(|old| LeaseEvent::Removed(old.0))
     }
 
     /// Replaces what is known with a fresh listing; returns the difference.
     fn resync(&mut self, listing: &Listing) -> Vec<LeaseEvent> {
         let mut events = vec![LeaseEvent::Listing];
-        let mut present = std::collections::HashSet::new();
+        let present: HashSet<&str> = listing.kvs.iter().map(|kv| kv.key.as_str()).collect();
         for kv in &listing.kvs {
-            present.insert(kv.key.clone());
-            // A listing is authoritative: forget the per-key revision so a
-            // key recreated at a lower revision than a stale tombstone counts.
-            self.seen.remove(&kv.key);
-            if let Some(ev) = self.put(kv) {
+            // A listing is authoritative: no per-key revision holds, so a
+            // key recreated at a lower revision than a stale tombstone
+            // counts.
+            if let Some(ev) = self.put(kv, false) {
                 events.push(ev);
             }
         }
         let gone: Vec<String> = self
             .leases
-            .keys()
-            .filter(|k| !present.contains(*k))
-            .cloned()
+            .iter()
+            .filter(|l| !present.contains(l.0.key.as_str()))
+            .map(|l| l.0.key.clone())
             .collect();
         for k in gone {
-            if let Some(old) = self.leases.remove(&k) {
-                events.push(LeaseEvent::Removed(old));
+            if let Some(old) = self.leases.take(k.as_str()) {
+                events.push(LeaseEvent::Removed(old.0));
             }
         }
-        self.seen.retain(|k, _| present.contains(k));
+        self.seen.retain(|k, _| present.contains(k.as_str()));
         events.push(LeaseEvent::Synced {
             revision: listing.revision,
         });
@@ -231,25 +275,35 @@ mod tests {
         let mut c = LeaseCache::new("/p/subnets/", Some(m.clone()));
         let a = kv("10.5.1.0-24", "198.18.0.1", 5);
         assert!(
-            matches!(c.put(&a), Some(LeaseEvent::Added(l)) if l.subnet.to_string() == "10.5.1.0/24")
+            matches!(c.put(&a, true), Some(LeaseEvent::Added(l)) if l.subnet.to_string() == "10.5.1.0/24")
         );
-        assert_eq!(c.put(&a), None, "a duplicate is dropped");
+        assert_eq!(c.put(&a, true), None, "a duplicate is dropped");
+        assert!(c.seen.is_empty(), "a live lease keeps its revision itself");
         let mut a2 = kv("10.5.1.0-24", "198.18.0.9", 6);
         a2.create_revision = 5;
-        match c.put(&a2) {
+        match c.put(&a2, true) {
             Some(LeaseEvent::Changed { old, new }) => {
                 assert_eq!(old.attrs.public_ip.to_string(), "198.18.0.1");
                 assert_eq!(new.attrs.public_ip.to_string(), "198.18.0.9");
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(c.put(&a), None, "an older event is stale");
+        assert_eq!(c.put(&a, true), None, "an older event is stale");
         match c.delete(&a.key, 7) {
             Some(LeaseEvent::Removed(l)) => assert_eq!(l.attrs.public_ip.to_string(), "198.18.0.9"),
             other => panic!("{other:?}"),
         }
         assert_eq!(c.delete(&a.key, 7), None);
-        assert_eq!(c.put(&a2), None, "a put older than the delete is stale");
+        assert_eq!(
+            c.put(&a2, true),
+            None,
+            "a put older than the delete is stale"
+        );
+        assert_eq!(
+            c.seen.get(&a.key),
+            Some(&7),
+            "a deleted key keeps its revision"
+        );
         assert!(c.is_empty());
         assert_eq!(m.malformed_leases(), 0);
     }
@@ -260,21 +314,21 @@ mod tests {
         let mut c = LeaseCache::new("/p/subnets/", Some(m.clone()));
         let mut bad = kv("10.5.1.0-24", "198.18.0.1", 5);
         bad.value = b"{not json".to_vec();
-        assert_eq!(c.put(&bad), None);
+        assert_eq!(c.put(&bad, true), None);
         let mut badkey = kv("10.5.1.0-24", "198.18.0.1", 6);
         badkey.key = "/p/subnets/banana".into();
-        assert_eq!(c.put(&badkey), None);
+        assert_eq!(c.put(&badkey, true), None);
         assert_eq!(m.malformed_leases(), 2);
         // A good value after that is seen normally.
         assert!(matches!(
-            c.put(&kv("10.5.1.0-24", "198.18.0.1", 7)),
+            c.put(&kv("10.5.1.0-24", "198.18.0.1", 7), true),
             Some(LeaseEvent::Added(_))
         ));
         // Rewritten as junk: the lease is gone (its peer must not stay).
         let mut junk = kv("10.5.1.0-24", "198.18.0.1", 8);
         junk.value = b"{not json".to_vec();
         assert!(
-            matches!(c.put(&junk), Some(LeaseEvent::Removed(l)) if l.attrs.public_ip.to_string() == "198.18.0.1")
+            matches!(c.put(&junk, true), Some(LeaseEvent::Removed(l)) if l.attrs.public_ip.to_string() == "198.18.0.1")
         );
         assert!(c.is_empty());
         assert_eq!(m.malformed_leases(), 3);

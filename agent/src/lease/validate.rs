@@ -174,7 +174,7 @@ pub(super) fn check(
     me: Option<&Identity>,
 ) -> Result<Vec<Peer>, Rejection> {
     if attrs.backend_type != "vxlan" {
-        return Err(Rejection::Backend(attrs.backend_type.clone()));
+        return Err(Rejection::Backend(attrs.backend_type.to_string()));
     }
     let mut peers = Vec::new();
     if let Some(subnet) = subnets.v4 {

@@ -17,13 +17,25 @@
 //! at the peak long after; trimming after those moments returns it. With
 //! another allocator (musl's, in the static image) this does nothing.
 
-/// One allocator arena for every thread; call before starting threads.
-pub(crate) fn one_arena() {
+/// The size from which an allocation is a mapping of its own, returned to
+/// the system when freed.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD: libc::c_int = 256 << 10;
+
+/// One allocator arena for every thread, and large blocks always mapped
+/// apart; call before starting threads.
+///
+/// glibc raises its mmap threshold to the largest block freed so far (up
+/// to 32 MiB), after which multi-MiB temporaries (a route dump of every
+/// peer's route, a batch of leases decided at once) land in the arena and
+/// stay resident between trims. A fixed threshold keeps them mappings.
+pub(crate) fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes a tunable of the allocator; called
+    // SAFETY: mallopt only changes tunables of the allocator; called
     // before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
     }
 }
 
