@@ -206,11 +206,37 @@ pub async fn run(args: &[String]) -> Result<()> {
     };
     // Let the other agents finish too, then measure memory.
     std::thread::sleep(Duration::from_millis(500));
-    let rss_kib = std::fs::read_to_string(format!("/proc/{agent_pid}/status"))?
+    let status = std::fs::read_to_string(format!("/proc/{agent_pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .with_context(|| name.to_string())
+    };
+    let rss_kib = field("VmRSS:")?;
+    // Of which the heap and other anonymous memory, and the binary's own
+    // pages (its code, shared with nothing here).
+    let (anon_kib, file_kib) = (field("RssAnon:")?, field("RssFile:")?);
+    // Then while the agent keeps its routes and reports up to date: the
+    // largest resident set over 5 s, and the peak since it started.
+    let mut after_kib = rss_kib;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(250));
+        let s = std::fs::read_to_string(format!("/proc/{agent_pid}/status"))?;
+        if let Some(v) = s
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        {
+            after_kib = after_kib.max(v);
+        }
+    }
+    let hwm_kib = std::fs::read_to_string(format!("/proc/{agent_pid}/status"))?
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .context("VmRSS")?;
+        .context("VmHWM")?;
     lat.sort_by(f64::total_cmp);
     let p50 = super::percentile(&lat, 50.0);
     let p99 = super::percentile(&lat, 99.0);
@@ -226,14 +252,23 @@ pub async fn run(args: &[String]) -> Result<()> {
     // The goals: 20 MiB at 5,000 peers, 64 MiB at 50,000.
     let goal = if want > 10_000 { 64 } else { 20 };
     println!(
-        "  agent RSS with {want} peers: {:.1} MiB   goal < {goal} MiB",
-        rss_kib / 1024.0
+        "  agent RSS with {want} peers: {:.1} MiB (anonymous {:.1}, file-backed {:.1})   goal < {goal} MiB",
+        rss_kib / 1024.0,
+        anon_kib / 1024.0,
+        file_kib / 1024.0
+    );
+    println!(
+        "  then up to {:.1} MiB over 5 s; peak since start (VmHWM) {:.1} MiB",
+        after_kib / 1024.0,
+        hwm_kib / 1024.0
     );
     if let Some(path) = super::flag::<String>(args, "--json") {
         let doc = json!({
             "changes": lat.len(), "change_p50_ms": p50, "change_p99_ms": p99, "change_max_ms": max,
             "leases": n_leases, "leases_write_s": wrote, "leases_programmed_s": took,
             "rss_mib": rss_kib / 1024.0,
+            "rss_anon_mib": anon_kib / 1024.0, "rss_file_mib": file_kib / 1024.0,
+            "rss_next_5s_max_mib": after_kib / 1024.0, "rss_peak_mib": hwm_kib / 1024.0,
         });
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     }
