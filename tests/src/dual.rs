@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result, bail};
 use weft::lease::{SubnetEnv, Subnets};
 
 use crate::{
-    agent::{Agent, eventually},
+    agent::Agent,
     cluster::{Node, Underlay},
     etcd::Etcd,
     pins::TestPins,
@@ -152,7 +152,7 @@ impl DualCluster {
             .iter()
             .map(|n| usize::from(n.subnets.v4.is_some()) + usize::from(n.subnets.v6.is_some()))
             .sum();
-        eventually("every node has every other's subnets", within, || {
+        let meshed = crate::agent::poll(within, || {
             self.nodes
                 .iter()
                 .all(|n| {
@@ -162,6 +162,23 @@ impl DualCluster {
                 })
                 .then_some(())
         });
+        if meshed.is_none() {
+            // Who is missing whom, and what etcd holds.
+            let seen: Vec<String> = self
+                .nodes
+                .iter()
+                .map(|n| format!("node with {:?} has peers {:?}", n.subnets, n.peers()))
+                .collect();
+            let leases = self
+                .etcd
+                .etcdctl(&["get", "--prefix", "--keys-only", "/"])
+                .unwrap_or_else(|e| e.to_string());
+            panic!(
+                "timed out after {:?} waiting for every node to have every other's subnets:\n{}\netcd keys:\n{leases}",
+                crate::scaled(within),
+                seen.join("\n")
+            );
+        }
     }
 
     /// Pings every pod address from every pod; the pairs that fail.
