@@ -200,16 +200,19 @@ fn endpoints_follow_pods() {
     eventually("the deleted pod's endpoint is removed", T, || {
         (!endpoints(&c.nodes[1]).contains_key(&ip)).then_some(())
     });
-    let links = std::fs::read_dir(c.nodes[1].pins.path().join("links"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with("tc_ingress-veth")
-        })
-        .count();
-    assert_eq!(links, 1, "one pod veth program left");
+    // The program goes in the same sync, after the map entry.
+    let links = || {
+        std::fs::read_dir(c.nodes[1].pins.path().join("links"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("tc_ingress-veth")
+            })
+            .count()
+    };
+    eventually("one pod veth program left", T, || (links() == 1).then_some(()));
 
     // Reuse: a new pod asks for the same address; traffic reaches it.
     let n2 = &mut c.nodes[1];
