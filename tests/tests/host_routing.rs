@@ -212,7 +212,9 @@ fn endpoints_follow_pods() {
             })
             .count()
     };
-    eventually("one pod veth program left", T, || (links() == 1).then_some(()));
+    eventually("one pod veth program left", T, || {
+        (links() == 1).then_some(())
+    });
 
     // Reuse: a new pod asks for the same address; traffic reaches it.
     let n2 = &mut c.nodes[1];
