@@ -604,8 +604,7 @@ impl Netlink {
                 ),
             );
         };
-        self.each_route(false, &mut visit).await?;
-        self.each_route(true, &mut visit).await?;
+        self.every_route(&mut visit).await?;
         Ok(foreign)
     }
 
@@ -689,9 +688,14 @@ impl Netlink {
                 out.extend(parse_route(m));
             }
         };
-        self.each_route(false, &mut visit).await?;
-        self.each_route(true, &mut visit).await?;
+        self.every_route(&mut visit).await?;
         Ok(out)
+    }
+
+    /// Calls `f` on each route, IPv4 then IPv6, as [`Netlink::each_route`].
+    async fn every_route<F: FnMut(&RouteMessage)>(&self, f: &mut F) -> Result<()> {
+        self.each_route(false, f).await?;
+        self.each_route(true, f).await
     }
 
     /// Calls `f` on each route of one family as the dump streams in: a node

@@ -176,21 +176,26 @@ impl Prober {
             .path
             .as_ref()
             .map(|p| p.lock().expect("prober lock"));
+        // Path searches go in runs, each settled in one pass over the rest
+        // (thousands of leases can go in one batch).
+        let mut gone = Vec::new();
         for u in updates {
             match u {
                 crate::dataplane::PeerUpdate::Upsert(p) => {
                     t.upsert(p.subnet, p.vtep, now);
                     if let Some(path) = &mut path {
+                        path.remove_all(&std::mem::take(&mut gone));
                         path.upsert(p.subnet, p.vtep, now);
                     }
                 }
                 crate::dataplane::PeerUpdate::Remove(s) => {
                     t.remove(s);
-                    if let Some(path) = &mut path {
-                        path.remove(s);
-                    }
+                    gone.push(*s);
                 }
             }
+        }
+        if let Some(path) = &mut path {
+            path.remove_all(&gone);
         }
     }
 

@@ -233,7 +233,7 @@ impl PathMtus {
 
     /// Peers gone. A measured VTEP no peer left has goes back to the base
     /// size (one pass over the rest, however many went).
-    fn remove_all(&mut self, subnets: &[IpNet]) {
+    pub(crate) fn remove_all(&mut self, subnets: &[IpNet]) {
         let mut measured = Vec::new();
         for subnet in subnets {
             let Some(e) = self.peers.remove(subnet) else {
