@@ -467,8 +467,7 @@ fn healthz_port(ns: Option<&Netns>, args: &[String]) -> Result<Option<u16>> {
     if ns.is_some() || args.iter().any(|x| x == "--healthz-port") {
         return Ok(None);
     }
-    let l = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
-    Ok(Some(l.local_addr()?.port()))
+    Ok(Some(crate::ports::loopback()?))
 }
 
 /// Polls `f` every 25 ms until it returns Some (that), or `within`

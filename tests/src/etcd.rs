@@ -2,7 +2,6 @@
 //! address in a test namespace), a temporary data directory, stopped by pid.
 
 use std::{
-    net::TcpListener,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -23,10 +22,7 @@ pub struct Etcd {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    crate::ports::loopback().expect("a free loopback port")
 }
 
 impl Etcd {

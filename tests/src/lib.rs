@@ -19,6 +19,7 @@ pub mod netns;
 pub mod overlay;
 pub mod pins;
 pub mod podman;
+pub mod ports;
 pub mod proc;
 pub mod traffic;
 pub mod weft_cluster;

@@ -5,7 +5,7 @@ use std::{collections::HashMap, time::Duration};
 
 use etcd_client::{Client, GetOptions, PutOptions};
 use weft_tests::{
-    agent::{Agent, eventually, weft},
+    agent::{Agent, eventually, poll, weft},
     etcd::Etcd,
     weft_cluster::PREFIX,
 };
@@ -196,6 +196,39 @@ async fn expiry_while_paused_never_writes_the_new_owners_key() {
     drop(b);
 }
 
+/// Waits until `held` agents hold a subnet, returning (name, subnet) of
+/// each; fails naming the agents without one, their state and the end of
+/// their logs.
+fn wait_held(agents: &[Agent], held: usize) -> Vec<(String, String)> {
+    let got = poll(Duration::from_secs(60), || {
+        let with: Vec<_> = agents
+            .iter()
+            .filter_map(|a| a.subnet().map(|s| (a.name.clone(), s)))
+            .collect();
+        (with.len() == held).then_some(with)
+    });
+    got.unwrap_or_else(|| {
+        let mut report = String::new();
+        let mut without = 0;
+        for a in agents.iter().filter(|a| a.subnet().is_none()) {
+            without += 1;
+            let log = a.log();
+            let tail: Vec<&str> = log.lines().rev().take(8).collect();
+            report += &format!(
+                "--- {} (running: {}) ---\n{}\n",
+                a.name,
+                a.running(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        panic!(
+            "{} of {} agents hold a subnet after 60 s, {held} should; those without:\n{report}",
+            agents.len() - without,
+            agents.len()
+        )
+    })
+}
+
 fn race(etcd: &Etcd, n: usize) -> Vec<Agent> {
     (0..n)
         .map(|i| {
@@ -222,13 +255,7 @@ async fn race_of_50_agents_for_31_subnets() {
     let (etcd, mut c) =
         setup(r#"{"Network":"10.6.0.0/22","SubnetLen":27,"Backend":{"Type":"vxlan"}}"#).await;
     let mut agents = race(&etcd, 50);
-    let held = eventually("31 subnets taken", Duration::from_secs(60), || {
-        let with: Vec<_> = agents
-            .iter()
-            .filter_map(|a| a.subnet().map(|s| (a.name.clone(), s)))
-            .collect();
-        (with.len() == 31).then_some(with)
-    });
+    let held = wait_held(&agents, 31);
     let without: Vec<&Agent> = agents.iter().filter(|a| a.subnet().is_none()).collect();
     assert_eq!(without.len(), 19);
     for a in &without {
@@ -259,10 +286,7 @@ async fn race_of_50_agents_for_31_subnets() {
 async fn race_of_50_agents_with_enough_subnets_all_distinct() {
     let (etcd, mut c) = setup(CONFIG).await;
     let agents = race(&etcd, 50);
-    let subnets = eventually("50 subnets", Duration::from_secs(60), || {
-        let s: Vec<String> = agents.iter().filter_map(|a| a.subnet()).collect();
-        (s.len() == 50).then_some(s)
-    });
+    let subnets: Vec<String> = wait_held(&agents, 50).into_iter().map(|(_, s)| s).collect();
     let distinct: std::collections::HashSet<_> = subnets.iter().collect();
     assert_eq!(distinct.len(), 50);
     assert_eq!(
