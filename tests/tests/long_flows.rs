@@ -21,6 +21,7 @@ use dataplane_common::Reason;
 use weft::dataplane::{Counters, EndpointMap};
 use weft_tests::{
     agent::eventually,
+    cluster::Node,
     counters::Snapshot,
     iperf::{intervals, report},
     netns::Netns,
@@ -31,25 +32,55 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 const T: Duration = Duration::from_secs(30);
 
-/// How long the long flows run (90 s; `WEFT_TEST_LONG_FLOW_SECS` shortens
-/// them while working on the datapath).
+/// How long the long flows run (30 s; `WEFT_TEST_LONG_FLOW_SECS` changes
+/// it). The nodes' conntrack timeouts that end a flow conntrack lost track
+/// of are cut to [`SHORT_TIMEOUTS`], so 30 s outlive each of them at least
+/// once: a flow the fast path did not keep in conntrack dies within it, as
+/// one did at 60 s (SYN_RECV's default) under the defaults.
 fn long_secs() -> u64 {
     std::env::var("WEFT_TEST_LONG_FLOW_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(90)
+        .unwrap_or(30)
 }
 
-/// Two nodes with `--ip-masq` whose conntrack drops what it cannot place.
+/// The short conntrack timeouts (seconds) of the strict nodes, set before
+/// their agents start (an agent reads the UDP ones, which it refreshes
+/// fast-path flows to, when it loads its programs). The defaults: 120, 60,
+/// 30, 120. ESTABLISHED keeps its 5 days.
+const SHORT_TIMEOUTS: [(&str, u64); 4] = [
+    ("nf_conntrack_tcp_timeout_syn_sent", 10),
+    ("nf_conntrack_tcp_timeout_syn_recv", 10),
+    ("nf_conntrack_udp_timeout", 10),
+    ("nf_conntrack_udp_timeout_stream", 20),
+];
+
+/// Two nodes with `--ip-masq` whose conntrack drops what it cannot place
+/// and forgets within [`SHORT_TIMEOUTS`].
 fn strict_cluster() -> WeftCluster {
-    let c = WeftCluster::new(2, &["--ip-masq"]).unwrap();
+    // The sysctls exist once conntrack is loaded (a module on most
+    // distributions' kernels, built in on others).
+    weft_tests::proc::run_quiet("modprobe", &["nf_conntrack"]);
+    let mut c = WeftCluster::new(0, &[]).unwrap();
+    for i in 1..=2 {
+        let node = Node::new(&c.underlay, i).unwrap();
+        for (name, secs) in SHORT_TIMEOUTS {
+            node.ns
+                .sysctl(&format!("net.netfilter.{name}"), &secs.to_string())
+                .unwrap();
+        }
+        strict(&node.ns);
+        let n = c.start_node_on(node, &["--ip-masq"]).unwrap();
+        n.use_cni();
+        for _ in 0..2 {
+            n.node.add_pod().unwrap();
+        }
+        n.wait_adopted().unwrap();
+    }
     c.wait_meshed(T);
     eventually("endpoints programmed", T, || {
         c.nodes.iter().all(|n| endpoints(n) == 2).then_some(())
     });
-    for n in &c.nodes {
-        strict(&n.node.ns);
-    }
     c
 }
 
@@ -147,10 +178,10 @@ fn counters(n: &WeftNode) -> Counters {
     Counters::open(n.pins.pins()).unwrap()
 }
 
-/// A 90 s TCP flow at 2 Gbit/s between pods on two nodes: no second
-/// stalls, nothing is INVALID, and at 70 s conntrack holds the flow
-/// ESTABLISHED and ASSURED with a timeout far beyond SYN_RECV's 60 s on
-/// both nodes, while the flow took the fast path.
+/// A 30 s TCP flow at 2 Gbit/s between pods on two nodes: no second
+/// stalls, nothing is INVALID, and at 23 s (7/9 of it) conntrack holds
+/// the flow ESTABLISHED and ASSURED with a timeout far beyond SYN_RECV's
+/// (10 s here) on both nodes, while the flow took the fast path.
 #[test]
 fn a_long_tcp_flow_stays_established_and_assured() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -177,7 +208,7 @@ fn a_long_tcp_flow_stays_established_and_assured() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // At 70 s (or 7/9 of a shortened run): conntrack on both nodes.
+    // At 7/9 of the run: conntrack on both nodes.
     std::thread::sleep(Duration::from_secs(secs * 7 / 9));
     let seen: Vec<(String, Vec<String>)> = [a, b]
         .iter()
@@ -221,10 +252,11 @@ fn a_long_tcp_flow_stays_established_and_assured() {
     );
 }
 
-/// A 90 s UDP stream from server to client (iperf3 -R), behind a FORWARD
+/// A 30 s UDP stream from server to client (iperf3 -R), behind a FORWARD
 /// rule on the client's node that drops new flows towards the client (a
-/// default-deny ingress policy): the stream never stalls, so conntrack
-/// never forgot it and never took a server packet for a new flow.
+/// default-deny ingress policy): the stream outlives the UDP timeouts (10
+/// and 20 s here) and never stalls, so conntrack never forgot it and never
+/// took a server packet for a new flow.
 #[test]
 fn a_long_udp_stream_towards_a_client_behind_default_deny() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
