@@ -12,6 +12,7 @@
 
 pub(crate) mod path_mtu;
 pub(crate) mod table;
+mod tick;
 
 use std::{
     fmt::Write as _,

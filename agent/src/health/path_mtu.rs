@@ -31,6 +31,8 @@ use std::{
 
 use ipnet::IpNet;
 
+use super::tick::{Stamp, Tick};
+
 /// Probes of one size unanswered before it counts as too big.
 pub(crate) const TRIES: u8 = 2;
 /// How soon an unanswered size is tried again.
@@ -61,12 +63,12 @@ struct Search {
     /// The probe in flight: (seq, size, whether it checks a hint); when it
     /// left is in [`PathMtus::in_flight`].
     in_flight: Option<(u16, u32, bool)>,
-    next_at: Instant,
+    next_at: Tick,
     /// What the dataplane was told, and when it was measured.
     mtu: Option<u32>,
-    measured: Option<SystemTime>,
+    measured: Option<Stamp>,
     /// When the path is next searched upwards.
-    research_at: Instant,
+    research_at: Tick,
 }
 
 /// A peer's path MTU as `weft status` shows it.
@@ -102,7 +104,7 @@ pub(crate) struct PathMtus {
     recheck: Duration,
     peers: HashMap<IpNet, Search>,
     /// Peers not in flight, by when their next probe is due.
-    schedule: BTreeSet<(Instant, IpNet)>,
+    schedule: BTreeSet<(Tick, IpNet)>,
     /// Probes in the order they left (their timeouts come in that order).
     in_flight: VecDeque<(u16, IpNet, Instant)>,
     by_seq: HashMap<u16, IpNet>,
@@ -170,6 +172,7 @@ impl PathMtus {
 
     /// Puts a peer not in flight at `at` in the schedule.
     fn reschedule(&mut self, subnet: IpNet, at: Instant) {
+        let at = Tick::of(at);
         if let Some(e) = self.peers.get_mut(&subnet) {
             self.schedule.remove(&(e.next_at, subnet));
             e.next_at = at;
@@ -208,6 +211,7 @@ impl PathMtus {
             return;
         }
         self.remove(&subnet);
+        let at = Tick::of(now);
         self.peers.insert(
             subnet,
             Search {
@@ -217,13 +221,13 @@ impl PathMtus {
                 misses: 0,
                 hinted: None,
                 in_flight: None,
-                next_at: now,
+                next_at: at,
                 mtu: None,
                 measured: None,
-                research_at: now + RESEARCH,
+                research_at: Tick::of(now + RESEARCH),
             },
         );
-        self.schedule.insert((now, subnet));
+        self.schedule.insert((at, subnet));
     }
 
     /// A peer gone.
@@ -308,11 +312,12 @@ impl PathMtus {
     pub(crate) fn due(&mut self, now: Instant, budget: usize) -> Vec<(IpAddr, u32, u16)> {
         let mut out = Vec::new();
         let mut done = Vec::new();
+        let tick = Tick::of(now);
         while out.len() < budget {
             // The longest waiting first: a rate bound that binds delays
             // every peer alike instead of starving some.
             match self.schedule.first() {
-                Some((at, _)) if *at <= now => {}
+                Some((at, _)) if *at <= tick => {}
                 _ => break,
             }
             let (_, subnet) = self.schedule.pop_first().expect("looked at above");
@@ -356,14 +361,14 @@ impl PathMtus {
             self.changes.insert(e.vtep, mtu);
         }
         if mtu.is_some() {
-            e.measured = Some(SystemTime::now());
+            e.measured = Stamp::now();
         }
         // The check: the measured size again (the search goes on from
         // there only if it is no longer answered), or upwards again now
         // and then, or from scratch where nothing was measured.
-        let research = now >= e.research_at;
+        let research = Tick::of(now) >= e.research_at;
         if research {
-            e.research_at = now + RESEARCH;
+            e.research_at = Tick::of(now + RESEARCH);
         }
         e.hi = match e.mtu {
             Some(m) if !research => m + 1,
@@ -411,7 +416,7 @@ impl PathMtus {
             {
                 tracing::info!(%subnet, vtep = %e.vtep, from = ?e.mtu, to = size, "path MTU to the peer (fragmentation needed, confirmed by a probe)");
                 e.mtu = Some(size);
-                e.measured = Some(SystemTime::now());
+                e.measured = Stamp::now();
                 self.changes.insert(e.vtep, Some(size));
             }
             e.lo = size;
@@ -472,7 +477,7 @@ impl PathMtus {
 
     /// When the next probe is due or the next one in flight times out.
     pub(crate) fn next_event(&self) -> Option<Instant> {
-        let due = self.schedule.first().map(|(at, _)| *at);
+        let due = self.schedule.first().map(|(at, _)| at.instant());
         let timeout = self
             .in_flight
             .front()
@@ -493,7 +498,7 @@ impl PathMtus {
         let e = self.peers.get(subnet)?;
         Some(Measured {
             mtu: e.mtu?,
-            at: e.measured?,
+            at: e.measured?.time(),
         })
     }
 
@@ -538,13 +543,22 @@ mod tests {
             }
             if p.peers
                 .values()
-                .all(|e| e.in_flight.is_none() && e.next_at > now + T)
+                .all(|e| e.in_flight.is_none() && e.next_at > Tick::of(now + T))
             {
                 break;
             }
             now = p.next_event().unwrap().max(now + Duration::from_millis(1));
         }
         (told.flatten(), now, probes)
+    }
+
+    /// 50,000 peers: each record counts (a search and a health entry,
+    /// each beside an 18-byte key in a map and in a schedule).
+    #[test]
+    fn records_stay_small() {
+        assert!(std::mem::size_of::<Search>() <= 64);
+        assert!(std::mem::size_of::<super::super::table::Entry>() <= 64);
+        assert_eq!(std::mem::size_of::<(Tick, IpNet)>(), 32);
     }
 
     #[test]

@@ -20,6 +20,8 @@ use std::{
 
 use ipnet::IpNet;
 
+use super::tick::Tick;
+
 /// Misses in a row that make a peer unreachable.
 pub(crate) const MISSES: u8 = 3;
 /// How soon a missed probe is tried again.
@@ -72,7 +74,7 @@ pub(crate) struct Entry {
     /// The last answered probe's round trip, in µs (0: none yet).
     rtt_us: u32,
     /// When the next probe is due; while one is in flight, when it left.
-    at: Instant,
+    at: Tick,
     pub last_error: Option<Miss>,
 }
 
@@ -99,7 +101,7 @@ pub(crate) struct Table {
     timeout: Duration,
     peers: HashMap<IpNet, Entry>,
     /// Peers not in flight, by when their next probe is due.
-    schedule: BTreeSet<(Instant, IpNet)>,
+    schedule: BTreeSet<(Tick, IpNet)>,
     /// Probes in the order they left (their timeouts come in that order).
     in_flight: VecDeque<(u16, IpNet, Instant)>,
     by_seq: HashMap<u16, IpNet>,
@@ -160,6 +162,7 @@ impl Table {
     }
 
     fn insert(&mut self, subnet: IpNet, vtep: IpAddr, at: Instant) {
+        let at = Tick::of(at);
         self.peers.insert(
             subnet,
             Entry {
@@ -194,10 +197,11 @@ impl Table {
             return None;
         }
         e.in_flight = 0;
-        Some((subnet, e.at))
+        Some((subnet, e.at.instant()))
     }
 
     fn reschedule(&mut self, subnet: IpNet, at: Instant) {
+        let at = Tick::of(at);
         if let Some(e) = self.peers.get_mut(&subnet) {
             e.at = at;
             self.schedule.insert((at, subnet));
@@ -242,16 +246,17 @@ impl Table {
     /// subnet's network address, which its overlay device holds).
     pub(crate) fn due(&mut self, now: Instant, budget: usize) -> Vec<(IpNet, IpAddr, u16)> {
         let mut out = Vec::new();
+        let tick = Tick::of(now);
         while out.len() < budget {
             match self.schedule.first() {
-                Some((at, _)) if *at <= now => {}
+                Some((at, _)) if *at <= tick => {}
                 _ => break,
             }
             let (_, subnet) = self.schedule.pop_first().expect("looked at above");
             let seq = self.next_seq();
             if let Some(e) = self.peers.get_mut(&subnet) {
                 e.in_flight = seq;
-                e.at = now;
+                e.at = tick;
                 self.by_seq.insert(seq, subnet);
                 self.in_flight.push_back((seq, subnet, now));
                 out.push((subnet, subnet.network(), seq));
@@ -301,7 +306,7 @@ impl Table {
 
     /// When the next probe is due or the next one in flight times out.
     pub(crate) fn next_event(&self) -> Option<Instant> {
-        let due = self.schedule.first().map(|(at, _)| *at);
+        let due = self.schedule.first().map(|(at, _)| at.instant());
         let timeout = self
             .in_flight
             .front()
