@@ -683,13 +683,21 @@ impl Netlink {
     /// The routes Weft installed (by protocol), IPv4 and IPv6.
     pub(crate) async fn weft_routes(&self) -> Result<Vec<Route>> {
         let mut out = Vec::new();
+        self.each_weft_route(|r| out.push(r)).await?;
+        Ok(out)
+    }
+
+    /// Calls `f` on each route Weft installed, IPv4 then IPv6, as the dump
+    /// is read (none of them held by this call).
+    pub(crate) async fn each_weft_route(&self, mut f: impl FnMut(Route)) -> Result<()> {
         let mut visit = |m: &RouteMessage| {
-            if m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL) {
-                out.extend(parse_route(m));
+            if m.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL)
+                && let Some(r) = parse_route(m)
+            {
+                f(r);
             }
         };
-        self.every_route(&mut visit).await?;
-        Ok(out)
+        self.every_route(&mut visit).await
     }
 
     /// Calls `f` on each route, IPv4 then IPv6, as [`Netlink::each_route`].
@@ -698,22 +706,52 @@ impl Netlink {
         self.each_route(true, f).await
     }
 
-    /// Calls `f` on each route of one family as the dump streams in: a node
-    /// with 50,000 peers has as many routes, never all held at once (as
-    /// messages they were 15-20 MB, every time the routes were checked).
+    /// Calls `f` on each route of one family as the dump is read: a node
+    /// with 50,000 peers has as many routes. They are read from a socket
+    /// of their own, one datagram at a time, each message parsed and let
+    /// go before the next: through the handle's connection, which decodes
+    /// a whole dump into its queue before the first message is looked at,
+    /// every check of the routes held 8 MB of messages at once (the
+    /// agent's resident set stayed 6 MB above what it kept). The dump is
+    /// read in place (tens of milliseconds for 50,000 routes), bounded by
+    /// the socket's read timeout.
     async fn each_route<F: FnMut(&RouteMessage)>(&self, v6: bool, f: &mut F) -> Result<()> {
-        let request = if v6 {
-            RouteMessageBuilder::<Ipv6Addr>::new().build()
-        } else {
-            RouteMessageBuilder::<Ipv4Addr>::new().build()
-        };
-        let mut routes = self.handle.route().get(request).execute();
-        while let Some(m) = routes
-            .try_next()
-            .await
-            .with_context(|| format!("listing {} routes", if v6 { "IPv6" } else { "IPv4" }))?
-        {
-            f(&m);
+        use rtnetlink::packet_core::Parseable as _;
+        const RTM_NEWROUTE: u16 = 24;
+        const RTM_GETROUTE: u16 = 26;
+        let family = if v6 { "IPv6" } else { "IPv4" };
+        let socket = super::nfnetlink::Socket::open_route(REQUEST_DEADLINE)?;
+        // nlmsghdr, then rtmsg: only its family set (every table, type).
+        let mut request = Vec::with_capacity(28);
+        request.extend(28u32.to_ne_bytes());
+        request.extend(RTM_GETROUTE.to_ne_bytes());
+        request
+            .extend((super::nfnetlink::NLM_F_REQUEST | super::nfnetlink::NLM_F_DUMP).to_ne_bytes());
+        request.extend(1u32.to_ne_bytes());
+        request.extend(0u32.to_ne_bytes());
+        request.push(if v6 { libc::AF_INET6 } else { libc::AF_INET } as u8);
+        request.extend([0u8; 11]);
+        socket
+            .send(&request)
+            .with_context(|| format!("asking for the {family} routes"))?;
+        let mut malformed = 0usize;
+        socket
+            .dump_each(|ty, m| {
+                if ty != RTM_NEWROUTE {
+                    return;
+                }
+                match m.get(16..).and_then(|body| RouteMessage::parse(body).ok()) {
+                    Some(route) => f(&route),
+                    None => malformed += 1,
+                }
+            })
+            .with_context(|| format!("listing {family} routes"))?;
+        if malformed > 0 {
+            tracing::warn!(
+                malformed,
+                family,
+                "route messages that did not parse were skipped"
+            );
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! Netfilter's netlink (nfnetlink): the socket, the messages and their
 //! attributes, shared by Weft's nftables batches and its conntrack
-//! requests.
+//! requests. The socket also reads rtnetlink's route dumps, one datagram
+//! at a time (see `Netlink::each_route`).
 
 use std::io;
 
@@ -124,17 +125,46 @@ pub(super) struct Socket(std::os::fd::OwnedFd);
 
 impl Socket {
     pub(super) fn open() -> Result<Self> {
+        Self::open_protocol(NETLINK_NETFILTER).context("opening a netfilter netlink socket")
+    }
+
+    /// A rtnetlink socket (`NETLINK_ROUTE`) whose reads give up after
+    /// `timeout`.
+    pub(super) fn open_route(timeout: std::time::Duration) -> Result<Self> {
+        use std::os::fd::AsRawFd as _;
+        let s = Self::open_protocol(libc::NETLINK_ROUTE).context("opening a rtnetlink socket")?;
+        let tv = libc::timeval {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: setting a socket option from a value of its size.
+        let r = unsafe {
+            libc::setsockopt(
+                s.0.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error()).context("setting SO_RCVTIMEO");
+        }
+        Ok(s)
+    }
+
+    fn open_protocol(protocol: i32) -> io::Result<Self> {
         use std::os::fd::FromRawFd as _;
         // SAFETY: a plain socket(2) call; the fd is owned below.
         let fd = unsafe {
             libc::socket(
                 libc::AF_NETLINK,
                 libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                NETLINK_NETFILTER,
+                protocol,
             )
         };
         if fd < 0 {
-            return Err(io::Error::last_os_error()).context("opening a netfilter netlink socket");
+            return Err(io::Error::last_os_error());
         }
         // SAFETY: fd is a socket we just opened and nothing else owns.
         Ok(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
@@ -209,6 +239,18 @@ impl Socket {
                 got += 1;
             }
             Ok(got >= want)
+        })
+    }
+
+    /// Each answer to a dump request as it is read, (type, whole
+    /// message), until its end: never more than one datagram held.
+    pub(super) fn dump_each(&self, mut each: impl FnMut(u16, &[u8])) -> Result<()> {
+        self.read(|ty, flags, m| {
+            match ty {
+                NLMSG_DONE | NLMSG_ERROR => return Ok(true),
+                _ => each(ty, m),
+            }
+            Ok(flags & NLM_F_MULTI == 0)
         })
     }
 
