@@ -5,10 +5,11 @@
 //!   removed in etcd, N times; each time, the latency until every agent's
 //!   pinned peer map shows it. p50/p99/max.
 //! - Scale: 5000 leases written at once; the time until one agent's map
-//!   holds all of them; that agent's RSS with 5000 peers.
+//!   holds all of them; that agent's RSS with 5000 peers, when they are
+//!   in, over the next 5 s, and settled (the largest over the 25 s after).
 //!
-//! Goals: p99 < 50 ms, 5000 leases < 1 s, RSS < 20 MiB (< 64 MiB with
-//! `--leases 50000`).
+//! Goals: p99 < 50 ms, 5000 leases < 1 s, settled RSS < 20 MiB (< 64 MiB
+//! with `--leases 50000`).
 
 use std::{
     net::Ipv4Addr,
@@ -218,18 +219,26 @@ pub async fn run(args: &[String]) -> Result<()> {
     // Of which the heap and other anonymous memory, and the binary's own
     // pages (its code, shared with nothing here).
     let (anon_kib, file_kib) = (field("RssAnon:")?, field("RssFile:")?);
-    // Then while the agent keeps its routes and reports up to date: the
-    // largest resident set over 5 s, and the peak since it started.
-    let mut after_kib = rss_kib;
-    for _ in 0..20 {
-        std::thread::sleep(Duration::from_millis(250));
-        let s = std::fs::read_to_string(format!("/proc/{agent_pid}/status"))?;
-        if let Some(v) = s
+    // Then while the agent keeps its routes, probes and reports up to
+    // date: the largest resident set over the next 5 s, and over the 25 s
+    // after (settled: what a node keeps; the goal's figure). Right after
+    // the map fills, the prober has just taken the peers and the routes
+    // are still going in, so the first figure is a moment, not a state.
+    let rss_now = || -> Result<f64> {
+        std::fs::read_to_string(format!("/proc/{agent_pid}/status"))?
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        {
+            .context("VmRSS")
+    };
+    let (mut after_kib, mut settled_kib) = (rss_kib, 0f64);
+    for i in 0..120 {
+        std::thread::sleep(Duration::from_millis(250));
+        let v = rss_now()?;
+        if i < 20 {
             after_kib = after_kib.max(v);
+        } else {
+            settled_kib = settled_kib.max(v);
         }
     }
     let hwm_kib = std::fs::read_to_string(format!("/proc/{agent_pid}/status"))?
@@ -252,14 +261,15 @@ pub async fn run(args: &[String]) -> Result<()> {
     // The goals: 20 MiB at 5,000 peers, 64 MiB at 50,000.
     let goal = if want > 10_000 { 64 } else { 20 };
     println!(
-        "  agent RSS with {want} peers: {:.1} MiB (anonymous {:.1}, file-backed {:.1})   goal < {goal} MiB",
+        "  agent RSS with {want} peers: {:.1} MiB when they are in (anonymous {:.1}, file-backed {:.1})",
         rss_kib / 1024.0,
         anon_kib / 1024.0,
         file_kib / 1024.0
     );
     println!(
-        "  then up to {:.1} MiB over 5 s; peak since start (VmHWM) {:.1} MiB",
+        "  then up to {:.1} MiB over 5 s; settled (the 25 s after): up to {:.1} MiB   goal < {goal} MiB; peak since start (VmHWM) {:.1} MiB",
         after_kib / 1024.0,
+        settled_kib / 1024.0,
         hwm_kib / 1024.0
     );
     if let Some(path) = super::flag::<String>(args, "--json") {
@@ -268,7 +278,8 @@ pub async fn run(args: &[String]) -> Result<()> {
             "leases": n_leases, "leases_write_s": wrote, "leases_programmed_s": took,
             "rss_mib": rss_kib / 1024.0,
             "rss_anon_mib": anon_kib / 1024.0, "rss_file_mib": file_kib / 1024.0,
-            "rss_next_5s_max_mib": after_kib / 1024.0, "rss_peak_mib": hwm_kib / 1024.0,
+            "rss_next_5s_max_mib": after_kib / 1024.0, "rss_settled_max_mib": settled_kib / 1024.0,
+            "rss_peak_mib": hwm_kib / 1024.0,
         });
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     }
