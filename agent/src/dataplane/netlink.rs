@@ -713,8 +713,8 @@ impl Netlink {
     /// a whole dump into its queue before the first message is looked at,
     /// every check of the routes held 8 MB of messages at once (the
     /// agent's resident set stayed 6 MB above what it kept). The dump is
-    /// read in place (tens of milliseconds for 50,000 routes), bounded by
-    /// the socket's read timeout.
+    /// read in place, bounded by the socket's read timeout (`ip route
+    /// show` of 50,000 routes takes 0.07-0.11 s here, dump and print).
     async fn each_route<F: FnMut(&RouteMessage)>(&self, v6: bool, f: &mut F) -> Result<()> {
         use rtnetlink::packet_core::Parseable as _;
         const RTM_NEWROUTE: u16 = 24;
