@@ -214,6 +214,7 @@ mod tests {
             kind: None,
             xdp: None,
             peer_netns: None,
+            netkit_primary: false,
         }
     }
 

@@ -262,6 +262,7 @@ mod tests {
             kind: None,
             xdp: None,
             peer_netns: None,
+            netkit_primary: false,
         }
     }
 

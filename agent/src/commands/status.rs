@@ -137,7 +137,7 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
         println!("  {iface:<12} {hook:<11} {prog:<14} {mode}");
     }
     println!(
-        "  weft_from_pod on {pod_veths} pod veth(s); {endpoints} local pod(s) in the endpoint map"
+        "  weft_from_pod on {pod_veths} pod device(s) (veth or netkit); {endpoints} local pod(s) in the endpoint map"
     );
     if let Some(d) = agent.as_ref().and_then(|r| r.decap.as_ref()) {
         println!("  decapsulation: {} ({})", d.hook, d.why);

@@ -1,6 +1,8 @@
 //! Host routing's local pods: the endpoint map (pod address -> its veth,
 //! its MAC, its gateway's MAC), the pod veth map (veth -> the addresses
-//! its pod may send from) and the transmit program on each pod's veth.
+//! its pod may send from) and the transmit program on each pod's device:
+//! at TC ingress on a veth's host side, at the peer hook of a netkit pair
+//! (named by its primary, the host side).
 //!
 //! The CNI plugin registers each pod (a record per attachment) and, so that
 //! nothing stale outlives an agent that is away, writes and removes the
@@ -110,12 +112,22 @@ fn unfit(e: &EndpointSpec, link: &Link, scope: &Scope<'_>) -> Option<String> {
     if scope.not_pods.contains(&link.name) {
         return Some(format!("{} is one of the node's own devices", link.name));
     }
-    if link.kind.as_deref() != Some("veth") {
-        return Some(format!(
-            "{} is a {}, not a pod's veth",
-            link.name,
-            link.kind.as_deref().unwrap_or("device")
-        ));
+    match link.kind.as_deref() {
+        Some("veth") => {}
+        Some("netkit") if link.netkit_primary => {}
+        Some("netkit") => {
+            return Some(format!(
+                "{} is a netkit pair's peer, not its primary (the host side)",
+                link.name
+            ));
+        }
+        kind => {
+            return Some(format!(
+                "{} is a {}, not a pod's veth or netkit device",
+                link.name,
+                kind.unwrap_or("device")
+            ));
+        }
     }
     if link.peer_netns.is_none() {
         return Some(format!(
@@ -164,10 +176,21 @@ fn choose<'a>(
     chosen
 }
 
+/// Where a pod device's transmit program goes: a veth's host side at TC
+/// ingress, a netkit pair at its peer hook (run in the pod's own transmit).
+fn pod_hook(link: &Link) -> Hook {
+    if link.kind.as_deref() == Some("netkit") {
+        Hook::NetkitPeer
+    } else {
+        Hook::TcIngress
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Endpoints {
-    /// The veths whose transmit program this run attached (index -> name).
-    attached: HashMap<u32, String>,
+    /// The pod devices whose transmit program this run attached (index ->
+    /// name and hook).
+    attached: HashMap<u32, (String, Hook)>,
     /// Rejections already reported (owner -> why), so each is logged once.
     reported: BTreeMap<String, String>,
 }
@@ -233,20 +256,23 @@ impl Endpoints {
 
         // The programs: on every veth that serves an endpoint, once per run
         // (a link pinned by an earlier run is adopted).
-        let serving: HashMap<u32, &str> = chosen
+        let serving: HashMap<u32, (&str, Hook)> = chosen
             .values()
-            .map(|e| (e.host_ifindex, e.host_if.as_str()))
+            .map(|e| {
+                let hook = links.get(&e.host_ifindex).map_or(Hook::TcIngress, pod_hook);
+                (e.host_ifindex, (e.host_if.as_str(), hook))
+            })
             .collect();
         self.attached
-            .retain(|i, name| serving.get(i) == Some(&name.as_str()));
-        for (ifindex, name) in &serving {
+            .retain(|i, (name, hook)| serving.get(i) == Some(&(name.as_str(), *hook)));
+        for (ifindex, (name, hook)) in &serving {
             if self.attached.contains_key(ifindex) {
                 continue;
             }
-            match loaded.attach_tc(program_names::FROM_POD, name, Hook::TcIngress) {
+            match loaded.attach_tc(program_names::FROM_POD, name, *hook) {
                 Ok(a) => {
-                    tracing::debug!(veth = %name, adopted = a.adopted, "host routing on a pod's veth");
-                    self.attached.insert(*ifindex, name.to_string());
+                    tracing::debug!(device = %name, hook = hook.name(), adopted = a.adopted, "host routing on a pod's device");
+                    self.attached.insert(*ifindex, (name.to_string(), *hook));
                 }
                 Err(e) => {
                     failed += 1;
@@ -260,12 +286,19 @@ impl Endpoints {
             // Only pods' links: not the uplink's, not the IPv6 overlay
             // device's (its ingress program checks what the kernel
             // decapsulated).
-            if hook != Hook::TcIngress || scope.not_pods.contains(&iface) {
+            if !matches!(hook, Hook::TcIngress | Hook::NetkitPeer)
+                || scope.not_pods.contains(&iface)
+            {
                 continue;
             }
             let exists = links.get(&ifindex).is_some_and(|l| l.name == iface);
-            if !exists || serving.get(&ifindex) != Some(&iface.as_str()) {
-                loader::detach(pins, Hook::TcIngress, &iface)?;
+            // A netkit pair whose program went would drop all its pod
+            // sends (its peer's default policy): the program stays while
+            // the device does; it passes a pod it does not know to the
+            // stack.
+            let keep = exists && hook == Hook::NetkitPeer;
+            if !keep && (!exists || serving.get(&ifindex) != Some(&(iface.as_str(), hook))) {
+                loader::detach(pins, hook, &iface)?;
             }
         }
         if failed > 0 {
@@ -294,7 +327,7 @@ impl Endpoints {
     /// link unpinned or detached); returns on how many.
     pub(crate) fn heal(&mut self, loaded: &mut Loaded) -> usize {
         let mut n = 0;
-        for name in self.attached.values() {
+        for (name, hook) in self.attached.values() {
             if loader::ifindex(name).is_err() {
                 // The pod is going: the next sync forgets it.
                 continue;
@@ -302,7 +335,7 @@ impl Endpoints {
             let a = Attachment {
                 program: program_names::FROM_POD,
                 iface: name.clone(),
-                hook: Hook::TcIngress,
+                hook: *hook,
                 xdp_mode: None,
                 adopted: false,
             };
@@ -311,7 +344,7 @@ impl Endpoints {
                     Ok(false)
                 } else {
                     loaded
-                        .attach_tc(program_names::FROM_POD, name, Hook::TcIngress)
+                        .attach_tc(program_names::FROM_POD, name, *hook)
                         .map(|_| true)
                 }
             });
@@ -356,6 +389,7 @@ mod tests {
                 kind: Some(kind.into()),
                 xdp: None,
                 peer_netns: peer,
+                netkit_primary: false,
             },
         )
     }
@@ -421,12 +455,29 @@ mod tests {
             ep("foreign", [10, 6, 0, 1], "vethF", 6, 1),
             ep("ok", [10, 5, 1, 9], "vethOk", 7, 1),
         ];
+        let mut links = links;
+        let (i, mut primary) = link(8, "nk1", "netkit", Some(3));
+        primary.netkit_primary = true;
+        links.insert(i, primary);
+        links.extend([link(9, "nk1p", "netkit", Some(4))]);
+        let mut want = want;
+        want.extend([
+            ep("netkit", [10, 5, 1, 10], "nk1", 8, 1),
+            ep("netkit-peer", [10, 5, 1, 11], "nk1p", 9, 1),
+        ]);
         let mut out = EndpointSync::default();
         let chosen = choose(&want, &links, &scope(&not_pods), &mut out);
-        assert_eq!(chosen.len(), 1);
+        assert_eq!(chosen.len(), 2);
         assert_eq!(chosen[&IpAddr::from([10, 5, 1, 9])].owner, "ok");
+        assert_eq!(chosen[&IpAddr::from([10, 5, 1, 10])].owner, "netkit");
+        assert_eq!(pod_hook(&links[&8]), Hook::NetkitPeer);
+        assert_eq!(pod_hook(&links[&7]), Hook::TcIngress);
         let rejected: Vec<&str> = out.rejected.iter().map(|(o, _)| o.as_str()).collect();
-        assert_eq!(rejected, ["bridge", "uplink", "local", "foreign"]);
+        assert_eq!(
+            rejected,
+            ["bridge", "uplink", "local", "foreign", "netkit-peer"]
+        );
+        assert!(out.rejected[4].1.contains("peer"), "{:?}", out.rejected);
         assert!(out.rejected[0].1.contains("bridge"), "{:?}", out.rejected);
         assert!(out.rejected[3].1.contains("10.6.0.1"), "{:?}", out.rejected);
     }

@@ -14,6 +14,7 @@
 use std::{
     collections::HashMap,
     io,
+    os::fd::AsFd as _,
     path::{Path, PathBuf},
 };
 
@@ -22,7 +23,7 @@ use aya::{
     Ebpf,
     programs::{
         Program, SchedClassifier, Xdp,
-        links::{FdLink, PinnedLink},
+        links::{FdLink, LinkType, PinnedLink},
         tc::SchedClassifierLink,
         xdp::XdpLink,
     },
@@ -33,6 +34,7 @@ use dataplane_common::{LAYOUT_VERSION, program_names};
 use super::{
     bpffs::PinDir,
     loader::{program_info, program_name},
+    netkit,
 };
 
 /// Every program of the object, by name; `true` for the XDP one.
@@ -286,7 +288,7 @@ pub(crate) fn rollback(pins: &PinDir) -> Result<Vec<Swapped>> {
         };
         let to_id = p.info()?.id();
         if to_id != from_id {
-            swap_into(p, link)
+            swap_into(p, link, &path)
                 .with_context(|| format!("swapping {name} into {}", path.display()))?;
         }
         out.push(Swapped {
@@ -302,8 +304,18 @@ pub(crate) fn rollback(pins: &PinDir) -> Result<Vec<Swapped>> {
     Ok(out)
 }
 
-/// Replaces the program `link` runs by `p` (`bpf_link_update`).
-fn swap_into(p: &mut Program, link: FdLink) -> Result<()> {
+/// Replaces the program `link` (pinned at `path`) runs by `p`
+/// (`bpf_link_update`).
+fn swap_into(p: &mut Program, link: FdLink, path: &Path) -> Result<()> {
+    if link.info()?.link_type()? == LinkType::Netkit {
+        // aya has no netkit links: the pin is opened and updated directly.
+        let Program::SchedClassifier(p) = p else {
+            bail!("a netkit link runs only TC programs");
+        };
+        let fd = netkit::open_pin(path)?.ok_or_else(|| anyhow!("the pin is gone"))?;
+        netkit::update(fd.as_fd(), p.fd()?.as_fd())?;
+        return Ok(());
+    }
     match p {
         Program::SchedClassifier(p) => {
             p.attach_to_link(SchedClassifierLink::try_from(link)?)?;

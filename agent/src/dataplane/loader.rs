@@ -30,6 +30,7 @@ use super::{
     bpffs::PinDir,
     generations::{self, Generation},
     kfuncs::{self, KernelBtf},
+    netkit::{self, NetkitHook},
     netlink::Netlink,
     types::XdpMode,
 };
@@ -44,14 +45,19 @@ pub enum Hook {
     Xdp,
     TcIngress,
     TcEgress,
+    /// A netkit pair's peer hook (what the pod transmits), named by the
+    /// primary (host side) device.
+    NetkitPeer,
 }
 
 impl Hook {
-    fn pin_prefix(self) -> &'static str {
+    /// How its links' pins are named: `<prefix>-<iface>-<ifindex>`.
+    pub(crate) fn pin_prefix(self) -> &'static str {
         match self {
             Hook::Xdp => "xdp",
             Hook::TcIngress => "tc_ingress",
             Hook::TcEgress => "tc_egress",
+            Hook::NetkitPeer => "netkit_peer",
         }
     }
 
@@ -60,6 +66,7 @@ impl Hook {
             Hook::Xdp => "xdp",
             Hook::TcIngress => "tc-ingress",
             Hook::TcEgress => "tc-egress",
+            Hook::NetkitPeer => "netkit-peer",
         }
     }
 }
@@ -395,6 +402,7 @@ impl Loaded {
         let attach_type = match hook {
             Hook::TcIngress => TcAttachType::Ingress,
             Hook::TcEgress => TcAttachType::Egress,
+            Hook::NetkitPeer => return self.attach_netkit(program, iface),
             Hook::Xdp => bail!("attach_tc called with the XDP hook"),
         };
         let ifindex = ifindex(iface)?;
@@ -449,6 +457,28 @@ impl Loaded {
         fd.pin(&pin)
             .with_context(|| format!("pinning the TC link at {}", pin.display()))?;
         Ok(attachment(false))
+    }
+
+    /// Attaches the TC program `program` at the peer hook of the netkit
+    /// pair whose primary is `iface` (what the pod transmits), through a
+    /// pinned link as every other attach; a link pinned by an earlier run
+    /// gets `program` swapped in.
+    pub fn attach_netkit(&mut self, program: &'static str, iface: &str) -> Result<Attachment> {
+        let ifindex = ifindex(iface)?;
+        let pin = self.link_pin(Hook::NetkitPeer, iface, ifindex);
+        let prog: &mut SchedClassifier = self.active_mut(program)?.try_into()?;
+        let fd = prog
+            .fd()
+            .with_context(|| format!("program {program} is not loaded"))?;
+        let adopted = netkit::attach_pinned(fd, ifindex, NetkitHook::Peer, &pin)
+            .with_context(|| format!("attaching TC program {program} to netkit {iface}'s peer"))?;
+        Ok(Attachment {
+            program,
+            iface: iface.to_string(),
+            hook: Hook::NetkitPeer,
+            xdp_mode: None,
+            adopted,
+        })
     }
 
     fn link_pin(&self, hook: Hook, iface: &str, ifindex: u32) -> PathBuf {
@@ -569,7 +599,7 @@ pub(crate) fn remove_other_versions(pins: &PinDir) -> Result<()> {
 }
 
 /// The pin of the link at `hook` on `iface`.
-fn link_pin_path(pins: &PinDir, hook: Hook, iface: &str, ifindex: u32) -> PathBuf {
+pub(crate) fn link_pin_path(pins: &PinDir, hook: Hook, iface: &str, ifindex: u32) -> PathBuf {
     pins.links().join(format!(
         "{}-{}-{ifindex}",
         hook.pin_prefix(),
@@ -630,6 +660,14 @@ fn attached_programs(hook: Hook, iface: &str) -> Result<Vec<u32>> {
                 .into_iter()
                 .collect())
         }
+        Hook::NetkitPeer => {
+            // The device is gone: nothing is attached to it.
+            let Ok(index) = ifindex(iface) else {
+                return Ok(Vec::new());
+            };
+            netkit::query(index, NetkitHook::Peer)
+                .with_context(|| format!("querying the programs at netkit {iface}'s peer hook"))
+        }
         Hook::TcIngress | Hook::TcEgress => {
             let ty = if hook == Hook::TcIngress {
                 TcAttachType::Ingress
@@ -678,7 +716,7 @@ pub(crate) fn pinned_links(pins: &PinDir) -> Result<Vec<(Hook, String, u32)>> {
     };
     for entry in entries {
         let name = entry?.file_name().to_string_lossy().into_owned();
-        for hook in [Hook::Xdp, Hook::TcIngress, Hook::TcEgress] {
+        for hook in [Hook::Xdp, Hook::TcIngress, Hook::TcEgress, Hook::NetkitPeer] {
             if let Some(rest) = name.strip_prefix(&format!("{}-", hook.pin_prefix()))
                 && let Some((iface, idx)) = rest.rsplit_once('-')
                 && let Ok(idx) = idx.parse()

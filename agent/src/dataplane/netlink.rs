@@ -17,8 +17,8 @@ use rtnetlink::{
         AddressFamily,
         address::{AddressAttribute, AddressMessage},
         link::{
-            InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, LinkXdp,
-            XdpAttached as Attached,
+            InfoData, InfoKind, InfoNetkit, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+            LinkXdp, XdpAttached as Attached,
         },
         route::{
             RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
@@ -62,6 +62,9 @@ pub(crate) struct Link {
     /// The network namespace (its id here) of the device's peer, for a
     /// veth whose other end lives elsewhere (a pod's).
     pub(crate) peer_netns: Option<i32>,
+    /// A netkit pair's primary (its host side, through which both its
+    /// hooks are managed).
+    pub(crate) netkit_primary: bool,
 }
 
 /// An XDP program attached to a device.
@@ -768,6 +771,7 @@ fn parse_link(msg: &LinkMessage) -> Link {
         kind: None,
         xdp: None,
         peer_netns: None,
+        netkit_primary: false,
     };
     for attr in &msg.attributes {
         match attr {
@@ -777,11 +781,17 @@ fn parse_link(msg: &LinkMessage) -> Link {
             LinkAttribute::Address(a) if a.len() == 6 => link.mac.copy_from_slice(a),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
-                    if let LinkInfo::Kind(k) = i {
-                        link.kind = Some(match k {
-                            InfoKind::Other(s) => s.clone(),
-                            k => k.to_string(),
-                        });
+                    match i {
+                        LinkInfo::Kind(k) => {
+                            link.kind = Some(match k {
+                                InfoKind::Other(s) => s.clone(),
+                                k => k.to_string(),
+                            });
+                        }
+                        LinkInfo::Data(InfoData::Netkit(nk)) => {
+                            link.netkit_primary = nk.contains(&InfoNetkit::Primary(true));
+                        }
+                        _ => {}
                     }
                 }
             }
