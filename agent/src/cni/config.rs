@@ -4,7 +4,7 @@
 //! {"cniVersion": "1.0.0", "name": "cbr0", "type": "weft",
 //!  "subnetFile": "/run/flannel/subnet.env", "stateDir": "/run/weft",
 //!  "bridge": "cni0", "dataDir": "/var/lib/cni/networks",
-//!  "delegate": {"hairpinMode": true}}
+//!  "delegate": {"hairpinMode": true}, "podDevice": "veth"}
 //! ```
 //!
 //! All fields but `cniVersion`, `name` and `type` are optional; a chained
@@ -38,6 +38,9 @@ pub(crate) struct NetConf {
     /// Settings that override what the delegate (`bridge`) gets.
     delegate: Map<String, Value>,
     pub(crate) prev_result: Option<Value>,
+    /// `podDevice`: `veth` (the default: the bridge delegate makes it) or
+    /// `netkit` (the plugin makes a netkit pair; standalone only).
+    pub(crate) netkit: bool,
 }
 
 /// What `delegate` may set: the bridge plugin's settings of its own
@@ -177,6 +180,18 @@ impl NetConf {
                 ),
             ));
         }
+        let netkit = match v.get("podDevice") {
+            None | Some(Value::Null) => false,
+            Some(Value::String(d)) if d == "veth" => false,
+            Some(Value::String(d)) if d == "netkit" => true,
+            Some(other) => {
+                return Err(CniError::new(
+                    Code::InvalidConfig,
+                    format!("podDevice {other} is neither \"veth\" nor \"netkit\""),
+                ));
+            }
+        };
+        let prev_result = v.get("prevResult").filter(|p| !p.is_null()).cloned();
         let bridge = field("bridge").unwrap_or_else(|| "cni0".into());
         if !is_ifname(&bridge) {
             return Err(CniError::new(
@@ -211,7 +226,8 @@ impl NetConf {
             bridge,
             data_dir: path("dataDir", None, &roots.data)?.map(|p| p.display().to_string()),
             delegate,
-            prev_result: v.get("prevResult").filter(|p| !p.is_null()).cloned(),
+            prev_result,
+            netkit,
         })
     }
 
@@ -333,6 +349,17 @@ mod tests {
             r#","dataDir":"/var/lib/cni/../../../etc""#,
             r#","dataDir":"/""#,
         ] {
+            let c = code(parse(bad));
+            assert!(c.starts_with("7 "), "{bad}: {c}");
+        }
+    }
+
+    #[test]
+    fn the_pod_device_is_veth_or_standalone_netkit() {
+        assert!(!parse("").unwrap().netkit);
+        assert!(!parse(r#","podDevice":"veth""#).unwrap().netkit);
+        assert!(parse(r#","podDevice":"netkit""#).unwrap().netkit);
+        for bad in [r#","podDevice":"macvlan""#, r#","podDevice":1"#] {
             let c = code(parse(bad));
             assert!(c.starts_with("7 "), "{bad}: {c}");
         }

@@ -11,6 +11,8 @@ pub(crate) enum Code {
     Io = 5,
     Decode = 6,
     InvalidConfig = 7,
+    /// Transient: the runtime should try again later.
+    TryAgainLater = 11,
     /// Plugin-specific (the CNI spec reserves 100 and up).
     Plugin = 100,
 }

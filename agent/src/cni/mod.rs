@@ -19,7 +19,9 @@ mod config;
 mod delegate;
 mod error;
 mod fastpath;
+mod netkit;
 mod notify;
+mod proxy;
 mod record;
 
 use std::{io::Read as _, process::ExitCode};
@@ -165,10 +167,29 @@ fn supported(version: &str) -> Result<(), CniError> {
 
 fn add(conf: &NetConf, env: &Env) -> Result<String, CniError> {
     let (result, delegate) = match &conf.prev_result {
+        Some(_) if conf.netkit => {
+            return Err(CniError::new(
+                Code::InvalidConfig,
+                "podDevice netkit is for the standalone plugin: chained, the plugins before Weft's made the pod's device (a veth)",
+            ));
+        }
         Some(prev) => (prev.clone(), None),
+        None if conf.netkit => {
+            let d = conf.delegate_config()?;
+            let ipam = netkit::ipam_config(&d);
+            let mtu = d["mtu"].as_u64().unwrap_or(1500) as u32;
+            let owner = record::owner(&env.container_id, &env.ifname);
+            (
+                netkit::add(&ipam, mtu, &conf.state_dir, &conf.bridge, env, &owner)?,
+                Some(ipam),
+            )
+        }
         None => {
             let d = conf.delegate_config()?;
-            (delegate::exec(&d, "ADD", env, None)?, Some(d))
+            let result = delegate::exec(&d, "ADD", env, None)?;
+            // The bridge may be new: it answers for the netkit pods.
+            netkit::proxy_registered(&conf.state_dir, &conf.bridge);
+            (result, Some(d))
         }
     };
     let rec = Record::from_result(
@@ -189,14 +210,20 @@ fn add(conf: &NetConf, env: &Env) -> Result<String, CniError> {
 fn del(conf: &NetConf, env: &Env) -> Result<(), CniError> {
     let owner = record::owner(&env.container_id, &env.ifname);
     let rec = record::read(&conf.state_dir, &owner);
-    match rec.as_ref().map(|r| r.delegate.as_ref()) {
+    match rec.as_ref().map(|r| (r.delegate.as_ref(), r.netkit)) {
+        // A netkit pod: its pair goes, then its addresses (with the IPAM
+        // config ADD used).
+        Some((Some(ipam), true)) => {
+            let ips = rec.as_ref().map(Record::ips).unwrap_or_default();
+            netkit::del(ipam, &conf.state_dir, &conf.bridge, &ips, env, &owner)?;
+        }
         // Standalone: what ADD delegated to gets the DEL, with the config it
         // had then (subnet.env may have changed or be gone since).
-        Some(Some(d)) => {
+        Some((Some(d), _)) => {
             delegate::exec(d, "DEL", env, conf.prev_result.as_ref())?;
         }
         // Chained: the plugins before this one clean up themselves.
-        Some(None) => {}
+        Some((None, _)) => {}
         // Nothing registered (DEL without ADD, a second DEL, or an ADD that
         // died before registering): a standalone config still releases
         // whatever the delegate may hold, as best it can.
@@ -204,7 +231,18 @@ fn del(conf: &NetConf, env: &Env) -> Result<(), CniError> {
             if conf.prev_result.is_none()
                 && let Ok(d) = conf.delegate_config()
             {
-                let _ = delegate::exec(&d, "DEL", env, None);
+                if conf.netkit {
+                    let _ = netkit::del(
+                        &netkit::ipam_config(&d),
+                        &conf.state_dir,
+                        &conf.bridge,
+                        &[],
+                        env,
+                        &owner,
+                    );
+                } else {
+                    let _ = delegate::exec(&d, "DEL", env, None);
+                }
             }
         }
     }

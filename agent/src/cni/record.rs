@@ -32,9 +32,13 @@ pub(crate) struct Record {
     pub(crate) gw_mac: MacAddr,
     /// When it was written (nanoseconds since the epoch).
     pub(crate) added_ns: u128,
-    /// The delegate config of a standalone ADD, for its DEL and CHECK.
+    /// The delegate config of a standalone ADD, for its DEL and CHECK
+    /// (for a netkit pod, the IPAM plugin's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) delegate: Option<Value>,
+    /// The pod's device is a netkit pair the plugin made (DEL removes it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) netkit: bool,
 }
 
 /// The owner of an attachment: the container id and the interface name.
@@ -101,7 +105,7 @@ impl Record {
             return Err(bad(format!("the result gives {ifname} no IP address")));
         }
         let ip = ips.remove(0);
-        // The host side of the pod's veth: an interface of the result
+        // The host side of the pod's veth (or netkit): an interface of the result
         // outside the sandbox that is not a bridge (whatever the bridge is
         // called: flannel's is cni0, a chain may name it cbr0) and links to
         // a peer.
@@ -114,6 +118,7 @@ impl Record {
             .to_string();
         let host_ifindex =
             ifindex(&host_if).ok_or_else(|| bad(format!("no interface {host_if} on the host")))?;
+        let netkit = crate::sys::ethtool::driver(&host_if).is_ok_and(|d| d == "netkit");
         // The gateway: the bridge the veth is a port of (its MAC is what
         // the pod's gateway address resolves to), as the result names it
         // or as the veth's master.
@@ -122,8 +127,10 @@ impl Record {
             .filter(|i| !in_sandbox(i))
             .filter_map(|i| Some((i["name"].as_str()?, i["mac"].as_str())))
             .find(|(n, _)| *n == bridge_name || is_bridge(n));
-        let gw_mac = bridge
-            .and_then(|(_, m)| m?.parse().ok())
+        // A netkit pod's gateway is its pair's primary (an L3 device: no
+        // bridge, no ARP).
+        let gw_mac = (netkit.then(|| sys_mac(&host_if)).flatten())
+            .or_else(|| bridge.and_then(|(_, m)| m?.parse().ok()))
             .or_else(|| bridge.and_then(|(n, _)| sys_mac(n)))
             .or_else(|| sys_mac(&format!("{host_if}/master")))
             .or_else(|| sys_mac(bridge_name))
@@ -145,11 +152,19 @@ impl Record {
                 .map(|d| d.as_nanos())
                 .unwrap_or_default(),
             delegate,
+            netkit,
         })
     }
 
     pub(crate) fn owner(&self) -> String {
         owner(&self.container_id, &self.ifname)
+    }
+
+    /// The pod's addresses.
+    pub(crate) fn ips(&self) -> Vec<IpAddr> {
+        std::iter::once(self.ip)
+            .chain(self.other_ips.iter().copied())
+            .collect()
     }
 
     /// The endpoints of the attachment: one per address.
@@ -182,9 +197,10 @@ pub(crate) fn is_bridge(iface: &str) -> bool {
     crate::sys::ethtool::driver(iface).is_ok_and(|d| d == "bridge")
 }
 
-/// Whether `iface` can be the host side of a pod's device: a veth.
+/// Whether `iface` can be the host side of a pod's device: a veth, or a
+/// netkit pair's primary.
 fn is_pod_device(iface: &str) -> bool {
-    crate::sys::ethtool::driver(iface).is_ok_and(|d| d == "veth")
+    crate::sys::ethtool::driver(iface).is_ok_and(|d| d == "veth" || d == "netkit")
 }
 
 fn sys_mac(iface: &str) -> Option<MacAddr> {
