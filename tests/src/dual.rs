@@ -116,12 +116,17 @@ impl DualCluster {
             node.cni_cache_dir.to_str().expect("a path"),
             "--iface",
             "eth0",
-            "--host-routing",
-            crate::host_routing(),
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
+        // The run's host routing, unless the test chooses its own.
+        if !extra.contains(&"--host-routing") {
+            args.extend([
+                "--host-routing".to_string(),
+                crate::host_routing().to_string(),
+            ]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let agent = Agent::start(&format!("node{i}"), Some(&node.ns), &args)?;
         let subnets = wait_subnets(&agent, Duration::from_secs(30))?;

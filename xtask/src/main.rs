@@ -188,10 +188,12 @@ fn run() -> Result<()> {
             tests,
         } => {
             let weft = cmd::build(false)?;
-            let mut opts = vm::matrix()
-                .into_iter()
-                .find(|o| o.kernel == kernel)
-                .unwrap_or_else(|| vm::Options::new(&kernel, &[]));
+            // The kernel's tests in the matrix, all in one VM.
+            let mut opts = vm::Options::new(&kernel, &[]);
+            for o in vm::matrix().into_iter().filter(|o| o.kernel == kernel) {
+                opts.tests.extend(o.tests);
+                opts.env.extend(o.env);
+            }
             if !tests.is_empty() {
                 opts.tests = tests;
             }

@@ -253,6 +253,10 @@ pub(crate) fn accel(choice: AccelChoice, kernel: &Kernel, scratch: &Path) -> Res
         AccelChoice::Tcg => return Ok(Accel::Tcg),
         AccelChoice::Auto => {}
     }
+    // Two VMs of one kernel start side by side: one probes, the other
+    // reads its verdict.
+    static PROBING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = PROBING.lock().unwrap_or_else(|e| e.into_inner());
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let qemu = Command::new("qemu-system-x86_64")
         .arg("--version")
