@@ -1,5 +1,5 @@
 //! `cargo xtask bench datapath [--json FILE] [--rounds N] [--seconds S]
-//! [--configs route,kernel_vxlan,weft,weft_legacy,weft_unreg,weft_bpf,weft_xdp,weft_rps,weft_nopmtu]`
+//! [--configs route,kernel_vxlan,weft,weft_legacy,weft_unreg,weft_bpf,weft_xdp,weft_rps,weft_nopmtu,weft_netkit]`
 //!
 //! One topology, two nodes joined by a veth pair (the underlay), one pod on
 //! each node attached by the CNI plugins (bridge + host-local, as flannel's
@@ -24,7 +24,10 @@
 //!   CPU sent them, which shows how many of `weft`'s retransmissions come
 //!   from packets of one flow racing through two CPUs' backlogs),
 //!   `weft_nopmtu` (`weft` with per-peer path MTU off, `--path-mtu=false`:
-//!   what its lookup costs).
+//!   what its lookup costs), `weft_netkit` (`weft` with the pods on netkit
+//!   pairs made by Weft's standalone plugin, `"podDevice": "netkit"`: the
+//!   transmit program runs in the pod's own transmit; needs a kernel with
+//!   netkit, `cargo xtask vm-bench -- datapath --configs ...`).
 //!
 //! Metrics: `tcp_gbps` (1 stream), `tcp4_gbps` (4 streams: four iperf3
 //! clients at once, because iperf3 before 3.16 runs all the streams of
@@ -39,7 +42,9 @@
 //! `cpu_s_per_gb` (one stream paced at 2 Gbit/s, below what any
 //! configuration reaches here: the whole machine's busy CPU seconds, softirq
 //! included, less the idle machine's background measured just before, per
-//! GB received; read from /proc/uptime).
+//! GB received; read from /proc/uptime); `crr_per_s` (TCP connections per
+//! second, TCP_CRR-style: connect, a 1-byte request and answer, close, one
+//! after the other).
 //! Reported: medians over rounds, the ratio of medians against the
 //! baselines, and each round's ratios.
 
@@ -61,7 +66,7 @@ use crate::{
     pins::TestPins,
 };
 
-const CONFIGS: [&str; 9] = [
+const CONFIGS: [&str; 10] = [
     "route",
     "kernel_vxlan",
     "weft",
@@ -71,12 +76,13 @@ const CONFIGS: [&str; 9] = [
     "weft_xdp",
     "weft_rps",
     "weft_nopmtu",
+    "weft_netkit",
 ];
 
 /// The goals on the ratio of medians, a Weft configuration against a
 /// baseline: (metric, configuration, baseline, goal, whether higher is
 /// better).
-const GOALS: [(&str, &str, &str, f64, bool); 15] = [
+const GOALS: [(&str, &str, &str, f64, bool); 18] = [
     ("tcp_gbps", "weft", "kernel_vxlan", 1.10, true),
     ("tcp_gbps", "weft", "route", 0.95, true),
     ("tcp4_gbps", "weft", "kernel_vxlan", 1.10, true),
@@ -94,9 +100,14 @@ const GOALS: [(&str, &str, &str, f64, bool); 15] = [
     ("cpu_s_per_gb", "weft_legacy", "kernel_vxlan", 1.00, false),
     ("tcp_gbps", "weft_unreg", "kernel_vxlan", 1.10, true),
     ("cpu_s_per_gb", "weft_unreg", "kernel_vxlan", 1.00, false),
+    // Pods on netkit against plain routing and against the same fast path
+    // on veth pods (judged with KVM only: under emulation a smoke run).
+    ("tcp_gbps", "weft_netkit", "route", 1.00, true),
+    ("cpu_s_per_gb", "weft_netkit", "weft", 0.90, false),
+    ("crr_per_s", "weft_netkit", "weft", 1.10, true),
 ];
 
-const METRICS: [&str; 11] = [
+const METRICS: [&str; 12] = [
     "tcp_gbps",
     "tcp4_gbps",
     "udp64_pps",
@@ -108,6 +119,7 @@ const METRICS: [&str; 11] = [
     "rr6_p99_us",
     "tcp_node_gbps",
     "cpu_s_per_gb",
+    "crr_per_s",
 ];
 
 pub async fn run(args: &[String]) -> Result<()> {
@@ -139,8 +151,8 @@ pub async fn run(args: &[String]) -> Result<()> {
                 m[5], m[6], m[7], m[8]
             );
             eprintln!(
-                "  node -> remote pod: tcp {:.2} Gbit/s; paced {PACED_GBPS} Gbit/s: {:.3} CPU-s per GB",
-                m[9], m[10]
+                "  node -> remote pod: tcp {:.2} Gbit/s; paced {PACED_GBPS} Gbit/s: {:.3} CPU-s per GB; {:.0} connections/s",
+                m[9], m[10], m[11]
             );
             let entry = samples.entry(cfg.clone()).or_default();
             for (i, name) in METRICS.iter().enumerate() {
@@ -259,7 +271,7 @@ const PACED_GBPS: u32 = 2;
 
 /// Builds the topology for `cfg` (dual-stack: pods have an address of each
 /// family), measures IPv4 and IPv6, and tears it down.
-fn measure(cfg: &str, secs: u64) -> Result<[f64; 11]> {
+fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
     let (n1, n2) = direct_pair()?;
     let mut nodes = [n1, n2];
     // The pods' MTU is flannel's (1450) in every overlay configuration, so
@@ -316,9 +328,17 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 11]> {
             }
         }
         "weft" | "weft_rps" | "weft_bpf" | "weft_legacy" | "weft_xdp" | "weft_unreg"
-        | "weft_nopmtu" => {
+        | "weft_nopmtu" | "weft_netkit" => {
             let (mode, routing) = match cfg {
-                "weft" | "weft_rps" | "weft_unreg" | "weft_nopmtu" => {
+                // Where the conntrack kfuncs are out of reach (conntrack as
+                // a module, as in Debian's kernels: the VM), `auto` sends
+                // every flow through the stack; the fast path of veth and
+                // netkit pods is then measured without the gate.
+                "weft" | "weft_netkit" if !crate::conntrack_kfuncs() => {
+                    eprintln!("  no conntrack kfuncs here: {cfg} runs with --host-routing bpf");
+                    (XdpMode::Auto, HostRouting::Bpf)
+                }
+                "weft" | "weft_rps" | "weft_unreg" | "weft_nopmtu" | "weft_netkit" => {
                     (XdpMode::Auto, HostRouting::Auto)
                 }
                 "weft_bpf" => (XdpMode::Auto, HostRouting::Bpf),
@@ -356,6 +376,11 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 11]> {
                 // adopted: host routing does not know the pods.
                 if cfg != "weft_unreg" {
                     crate::cni::chain_weft(&mut net, &pins[a].state_dir());
+                }
+                // `weft_netkit`: Weft's standalone plugin makes a netkit
+                // pair, from a subnet.env as the agent writes it.
+                if cfg == "weft_netkit" {
+                    net = netkit_net(n, &pins[a].state_dir(), mtu)?;
                 }
                 n.cni = Some(net);
                 n.add_pod()?;
@@ -451,9 +476,87 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 11]> {
     // The node itself (host namespace) to the remote pod.
     let tcp_node = iperf_tcp(&nodes[0].ns, server.ip, 1, secs)?;
     let cpu = cpu_per_gb(client, server.ip, secs)?;
+    let crr = connection_rate(client, &server.ns, server.ip.into(), secs)?;
     Ok([
-        tcp, tcp4, udp, p50, p99, tcp6, udp6, p50_6, p99_6, tcp_node, cpu,
+        tcp, tcp4, udp, p50, p99, tcp6, udp6, p50_6, p99_6, tcp_node, cpu, crr,
     ])
+}
+
+/// Weft's standalone plugin making netkit pods on `n`, with the subnet.env
+/// an agent of that node would write (both families, MTU `mtu`).
+fn netkit_net(n: &Node, state_dir: &std::path::Path, mtu: u32) -> Result<crate::cni::ConfList> {
+    let (s4, s6) = (subnet_of(n.index), subnet6_of(n.index));
+    let env = format!(
+        "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET={}/{}\nFLANNEL_IPV6_NETWORK=fd00:10:244::/56\nFLANNEL_IPV6_SUBNET={}/{}\nFLANNEL_MTU={mtu}\nFLANNEL_IPMASQ=false\n",
+        Ipv4Addr::from(u32::from(s4.network()) + 1),
+        s4.prefix_len(),
+        std::net::Ipv6Addr::from(u128::from(s6.network()) + 1),
+        s6.prefix_len(),
+    );
+    std::fs::create_dir_all(state_dir)?;
+    let file = state_dir.join("subnet.env");
+    std::fs::write(&file, env)?;
+    let mut net = crate::cni::weft_standalone(&file, state_dir, &n.ipam_dir);
+    net.plugins[0]["podDevice"] = json!("netkit");
+    Ok(net)
+}
+
+/// TCP connections per second from `client` to a server in `server_ns` at
+/// `ip`, for `secs`, TCP_CRR-style: each connection connects, sends a
+/// 1-byte request, reads the 1-byte answer and the server's close, and
+/// closes; one after the other. The server closes first, so the TIME_WAIT
+/// states are its own and the client's ports stay free.
+fn connection_rate(client: &Netns, server_ns: &Netns, ip: IpAddr, secs: u64) -> Result<f64> {
+    use std::io::{Read as _, Write as _};
+    const PORT: u16 = 11113;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = server_ns.spawn_thread({
+        let stop = stop.clone();
+        move || -> Result<()> {
+            let l = std::net::TcpListener::bind((ip, PORT))?;
+            ready_tx.send(()).ok();
+            for s in l.incoming() {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let mut s = s?;
+                let mut b = [0u8; 1];
+                if s.read_exact(&mut b).is_ok() {
+                    let _ = s.write_all(&b);
+                }
+            }
+            Ok(())
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .context("the connection server did not start")?;
+    let done = client
+        .spawn_thread(move || -> Result<u64> {
+            let until = std::time::Instant::now() + Duration::from_secs(secs);
+            let mut n = 0u64;
+            while std::time::Instant::now() < until {
+                let mut s = std::net::TcpStream::connect((ip, PORT))?;
+                s.set_nodelay(true)?;
+                s.write_all(&[1])?;
+                let mut b = [0u8; 8];
+                s.read_exact(&mut b[..1])?;
+                // The server's close.
+                let _ = s.read(&mut b);
+                n += 1;
+            }
+            Ok(n)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the connection client panicked"))??;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    // One more connection wakes the server's accept to see the stop.
+    let _ = client
+        .spawn_thread(move || std::net::TcpStream::connect((ip, PORT)))
+        .join();
+    let _ = srv.join();
+    Ok(done as f64 / secs as f64)
 }
 
 /// The whole machine's busy CPU time so far, in seconds: all CPUs' time
