@@ -396,6 +396,21 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
         }
         other => bail!("unknown config {other}"),
     }
+    // `WEFT_BENCH_RP_FILTER_OFF=1`: reverse-path filtering off on every
+    // device of both nodes (Weft sets it loose on its receive devices,
+    // where the kernel's vxlan device as flannel runs it has none): what
+    // the per-packet source validation costs.
+    if std::env::var("WEFT_BENCH_RP_FILTER_OFF").as_deref() == Ok("1") {
+        for n in &nodes {
+            n.ns.exec(
+                "sh",
+                &[
+                    "-c",
+                    "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done",
+                ],
+            )?;
+        }
+    }
     if cfg == "weft_rps" {
         // Receive packet steering on every device of both nodes: each
         // flow's packets queue on one CPU's backlog wherever they were sent.
@@ -467,7 +482,25 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
             100.0 * fast / all.max(1.0)
         );
     }
+    // `WEFT_BENCH_PERF_UDP=1` beside `WEFT_BENCH_PERF=DIR`: the 64-byte UDP
+    // measurement profiled too (`DIR/<cfg>.udp64.data`): its cost is per
+    // packet, where TCP's is per byte.
+    let udp_perf = std::env::var_os("WEFT_BENCH_PERF")
+        .filter(|_| std::env::var("WEFT_BENCH_PERF_UDP").as_deref() == Ok("1"))
+        .map(|dir| {
+            let out = std::path::Path::new(&dir).join(format!("{cfg}.udp64.data"));
+            std::process::Command::new("perf")
+                .args(["record", "-a", "-g", "-F", "499", "-q", "-o"])
+                .arg(&out)
+                .args(["--", "sleep", &secs.to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+        });
     let udp = iperf_udp64(client, server.ip.into(), secs)?;
+    if let Some(Ok(mut p)) = udp_perf {
+        let _ = p.wait();
+    }
     let (p50, p99) = rr(client, server.ip, secs)?;
     // The same over IPv6.
     let tcp6 = iperf_tcp(client, server6, 1, secs)?;
