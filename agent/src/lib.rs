@@ -36,6 +36,7 @@ mod pods;
 mod report;
 #[cfg(feature = "agent")]
 mod sys;
+pub mod wgkey;
 
 #[cfg(feature = "agent")]
 use std::process::ExitCode;

@@ -12,7 +12,7 @@ use dataplane_common::{VXLAN_OVERHEAD, VXLAN6_OVERHEAD};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::bpffs::PinDir;
-use crate::{lease::Subnets, mac::MacAddr};
+use crate::{lease::Subnets, mac::MacAddr, wgkey::WgKey};
 
 /// An address family, for what the dataplane does once per family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -77,12 +77,15 @@ impl Family {
 }
 
 /// One remote subnet and the VTEP that serves it: an IPv4 subnet behind an
-/// IPv4 VTEP, or an IPv6 subnet behind an IPv6 VTEP.
+/// IPv4 VTEP, or an IPv6 subnet behind an IPv6 VTEP. Of the wireguard
+/// backend, the VTEP is the node's endpoint and `key` its public key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Peer {
     pub subnet: IpNet,
     pub vtep: IpAddr,
     pub mac: MacAddr,
+    /// The node's WireGuard public key (the wireguard backend only).
+    pub key: Option<WgKey>,
 }
 
 impl Peer {
@@ -92,6 +95,7 @@ impl Peer {
             subnet: IpNet::V4(subnet),
             vtep: IpAddr::V4(vtep),
             mac,
+            key: None,
         }
     }
 
@@ -101,6 +105,7 @@ impl Peer {
             subnet: IpNet::V6(subnet),
             vtep: IpAddr::V6(vtep),
             mac,
+            key: None,
         }
     }
 }

@@ -14,14 +14,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use thiserror::Error;
 
-use crate::mac::MacAddr;
+use super::wireguard::WireguardData;
+use crate::{mac::MacAddr, wgkey::WgKey};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseAttrs {
     pub public_ip: Ipv4Addr,
     pub public_ipv6: Option<Ipv6Addr>,
-    /// `"vxlan"` (every lease Weft accepts) without an allocation of its
-    /// own: 50,000 leases kept 1.6 MB of copies of it.
+    /// `"vxlan"` or `"wireguard"` (the leases Weft accepts) without an
+    /// allocation of its own: 50,000 leases kept 1.6 MB of copies of it.
     pub backend_type: Cow<'static, str>,
     /// Kept as the JSON text it was written as (compact, and written back
     /// unchanged).
@@ -52,6 +53,10 @@ pub enum AttrsError {
     NotVxlan(String),
     #[error("lease value has bad vxlan BackendData: {0}")]
     VxlanData(String),
+    #[error("lease value has BackendType {0:?}, not \"wireguard\"")]
+    NotWireguard(String),
+    #[error("lease value has bad wireguard backend data: {0}")]
+    WireguardData(String),
 }
 
 /// A JSON value kept as its text.
@@ -140,6 +145,54 @@ impl LeaseAttrs {
         a.with_v6(public_ipv6, vni, vtep_mac)
     }
 
+    /// The value of a node of the wireguard backend, as flannel writes it:
+    /// `BackendData` when the network has IPv4, `BackendV6Data` when it has
+    /// IPv6 (an IPv6-only lease has PublicIP 0.0.0.0 and no `BackendData`),
+    /// each with the one public key and that family's listening port.
+    pub fn wireguard(
+        public_ip: Option<Ipv4Addr>,
+        public_ipv6: Option<Ipv6Addr>,
+        key: WgKey,
+        ports: (u16, u16),
+        node_id: &str,
+    ) -> Self {
+        let data = |port| {
+            RawJson(
+                serde_json::value::to_raw_value(&WireguardData {
+                    public_key: key.to_string(),
+                    port,
+                })
+                .expect("plain struct serializes"),
+            )
+        };
+        Self {
+            public_ip: public_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+            public_ipv6,
+            backend_type: "wireguard".into(),
+            backend_data: public_ip.map(|_| data(ports.0)),
+            backend_v6_data: public_ipv6.map(|_| data(ports.1)),
+            node_id: Some(node_id.to_string()),
+        }
+    }
+
+    /// The wireguard backend data of one family (`BackendData`, or
+    /// `BackendV6Data` for IPv6), for a lease of the wireguard backend.
+    pub fn wireguard_data(&self, v6: bool) -> Result<WireguardData, AttrsError> {
+        if self.backend_type != "wireguard" {
+            return Err(AttrsError::NotWireguard(self.backend_type.to_string()));
+        }
+        let (field, data) = if v6 {
+            ("BackendV6Data", &self.backend_v6_data)
+        } else {
+            ("BackendData", &self.backend_data)
+        };
+        let data = data
+            .as_ref()
+            .ok_or_else(|| AttrsError::WireguardData(format!("{field} is missing")))?;
+        serde_json::from_str(data.get())
+            .map_err(|e| AttrsError::WireguardData(format!("{field}: {e}")))
+    }
+
     /// Adds the IPv6 VTEP of a dual-stack node (`PublicIPv6`,
     /// `BackendV6Data`).
     pub fn with_v6(mut self, public_ipv6: Ipv6Addr, vni: u32, vtep_mac: MacAddr) -> Self {
@@ -166,6 +219,7 @@ impl LeaseAttrs {
             public_ipv6,
             backend_type: match w.backend_type.as_str() {
                 "vxlan" => Cow::Borrowed("vxlan"),
+                "wireguard" => Cow::Borrowed("wireguard"),
                 _ => Cow::Owned(w.backend_type),
             },
             backend_data: w.backend_data,
@@ -233,6 +287,38 @@ mod tests {
 
     /// A lease exactly as flannel 0.2x writes it.
     const FLANNEL: &str = r#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#;
+
+    /// A dual-stack wireguard lease as flannel writes it.
+    const FLANNEL_WG: &str = r#"{"PublicIP":"192.168.64.3","PublicIPv6":"fd00:64::3","BackendType":"wireguard","BackendData":{"PublicKey":"x9Rtw8t1XjpDqbdFVH0p5Z3BzM2DQCjJ7ySPw9KQm1g=","Port":51820},"BackendV6Data":{"PublicKey":"x9Rtw8t1XjpDqbdFVH0p5Z3BzM2DQCjJ7ySPw9KQm1g=","Port":51821}}"#;
+
+    #[test]
+    fn wireguard_leases_as_flannel_writes_them() {
+        let a = LeaseAttrs::parse(FLANNEL_WG.as_bytes()).unwrap();
+        let key = a.wireguard_data(false).unwrap().key().unwrap();
+        assert_eq!(a.wireguard_data(true).unwrap().port, 51821);
+        assert!(a.vxlan_data().is_err());
+        let ours = LeaseAttrs::wireguard(
+            Some(a.public_ip),
+            a.public_ipv6,
+            key,
+            (51820, 51821),
+            "node-a",
+        );
+        assert_eq!(
+            ours.to_json().replace(r#","WeftNodeID":"node-a""#, ""),
+            FLANNEL_WG
+        );
+        // IPv6-only: PublicIP unspecified, no BackendData.
+        let v6 = LeaseAttrs::wireguard(None, a.public_ipv6, key, (51820, 51821), "n");
+        assert_eq!(v6.public_ip, Ipv4Addr::UNSPECIFIED);
+        assert!(v6.backend_data.is_none());
+        assert!(
+            v6.wireguard_data(false)
+                .unwrap_err()
+                .to_string()
+                .contains("BackendData is missing")
+        );
+    }
 
     #[test]
     fn reads_flannel_leases() {

@@ -9,6 +9,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::key::Subnets;
 pub use super::pool::{Ipv4Pool, Ipv6Pool};
+use super::wireguard::{WIREGUARD_OVERHEAD, WireguardConfig};
 
 /// A config that cannot be used, naming the field at fault.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -25,7 +26,8 @@ pub(super) fn err(field: &'static str, reason: impl Into<String>) -> ConfigError
     }
 }
 
-/// A validated network config (vxlan backend; IPv4, IPv6 or both).
+/// A validated network config (vxlan or wireguard backend; IPv4, IPv6 or
+/// both).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetworkConfig {
     /// `EnableIPv4` (flannel's default: on).
@@ -41,6 +43,8 @@ pub struct NetworkConfig {
     /// `Backend.DirectRouting`: peers on the uplink's own subnet are sent
     /// to without encapsulation.
     pub direct_routing: bool,
+    /// The wireguard backend's settings (None: the vxlan backend).
+    pub wireguard: Option<WireguardConfig>,
     /// Settings Weft accepts but does not act on, to log once.
     pub ignored: Vec<String>,
 }
@@ -91,12 +95,23 @@ impl NetworkConfig {
             .map_err(|e| err("Backend.Type", e.reason))?
             .unwrap_or("udp")
             .to_ascii_lowercase();
-        if backend_type != "vxlan" {
-            return Err(err(
-                "Backend.Type",
-                format!("is {backend_type:?}; Weft implements flannel's \"vxlan\" backend only"),
-            ));
-        }
+        let wireguard = match backend_type.as_str() {
+            "vxlan" => None,
+            "wireguard" => Some(WireguardConfig::from_backend(&backend)?),
+            _ => {
+                return Err(err(
+                    "Backend.Type",
+                    format!(
+                        "is {backend_type:?}; Weft implements flannel's \"vxlan\" and \"wireguard\" backends"
+                    ),
+                ));
+            }
+        };
+        let overhead = if wireguard.is_some() {
+            WIREGUARD_OVERHEAD
+        } else {
+            dataplane_common::VXLAN_OVERHEAD
+        };
         let vni = match get_u64(&backend, "VNI").map_err(|e| err("Backend.VNI", e.reason))? {
             None | Some(0) => dataplane_common::DEFAULT_VNI,
             Some(v) if v < (1 << 24) => v as u32,
@@ -107,7 +122,9 @@ impl NetworkConfig {
             Some(p) if p <= u16::MAX as u64 => p as u16,
             Some(p) => return Err(err("Backend.Port", format!("{p} is not a UDP port"))),
         };
-        if get_bool(&backend, "GBP").map_err(|e| err("Backend.GBP", e.reason))? == Some(true) {
+        if wireguard.is_none()
+            && get_bool(&backend, "GBP").map_err(|e| err("Backend.GBP", e.reason))? == Some(true)
+        {
             return Err(err(
                 "Backend.GBP",
                 "VXLAN group-based policy is not supported by Weft",
@@ -115,22 +132,20 @@ impl NetworkConfig {
         }
         let mtu = match get_u64(&backend, "MTU").map_err(|e| err("Backend.MTU", e.reason))? {
             None | Some(0) => None,
-            Some(m) if m > (dataplane_common::VXLAN_OVERHEAD + 68) as u64 && m <= 65_535 => {
-                Some(m as u32)
-            }
+            Some(m) if m > (overhead + 68) as u64 && m <= 65_535 => Some(m as u32),
             Some(m) => {
                 return Err(err(
                     "Backend.MTU",
                     format!(
-                        "{m} is not a usable underlay MTU (it must leave at least 68 bytes after VXLAN's {} and be at most 65535)",
-                        dataplane_common::VXLAN_OVERHEAD
+                        "{m} is not a usable underlay MTU (it must leave at least 68 bytes after the backend's {overhead} and be at most 65535)",
                     ),
                 ));
             }
         };
         let direct_routing = get_bool(&backend, "DirectRouting")
             .map_err(|e| err("Backend.DirectRouting", e.reason))?
-            .unwrap_or(false);
+            .unwrap_or(false)
+            && wireguard.is_none();
         for (key, what) in [(
             "Learning",
             "Weft programs its peers from etcd; learning does not apply",
@@ -150,6 +165,7 @@ impl NetworkConfig {
             port,
             mtu,
             direct_routing,
+            wireguard,
             ignored,
         })
     }

@@ -1,6 +1,6 @@
 //! Subnet leases in etcd, flannel-compatible and fenced.
 //!
-//! - `config`, `attrs`, `key`, `subnet_file`: flannel's formats.
+//! - `config`, `attrs`, `key`, `subnet_file`, `wireguard`: flannel's formats.
 //! - `store` (the operations the protocol needs) and `etcd` (the real store).
 //! - `acquire`: the fenced acquisition, one attempt.
 //! - `holder` and `keeper`: this node's lease through its life: acquired,
@@ -44,12 +44,17 @@ mod validate;
 mod view;
 #[cfg(feature = "agent")]
 mod watch;
+mod wireguard;
 
 pub use attrs::{AttrsError, LeaseAttrs, VxlanData};
 pub use config::{ConfigError, Ipv4Pool, Ipv6Pool, NetworkConfig};
 pub use key::{KeyError, Subnets, parse_key, to_key};
 pub use subnet_file::{
     EnvFamily, SubnetEnv, SubnetEnvError, first_host, first_host6, parse_subnet_env,
+};
+pub use wireguard::{
+    DEFAULT_LISTEN_PORT, DEFAULT_LISTEN_PORT_V6, WIREGUARD_OVERHEAD, WgMode, WireguardConfig,
+    WireguardData,
 };
 
 #[cfg(feature = "agent")]

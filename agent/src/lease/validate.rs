@@ -18,7 +18,7 @@ use super::{
     config::NetworkConfig,
     key::Subnets,
 };
-use crate::{dataplane::Peer, mac::MacAddr};
+use crate::{dataplane::Peer, mac::MacAddr, wgkey::WgKey};
 
 /// Why a lease is not programmed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,11 +48,13 @@ pub(crate) enum Rejection {
     PublicIpTaken(String),
     /// The VtepMAC is not a unicast MAC.
     VtepMac(MacAddr),
+    /// The wireguard lease's PublicKey is not a key.
+    PublicKey(String),
 }
 
 impl Rejection {
     /// Every metric label, for a complete `weft_leases_rejected` series.
-    pub(crate) const REASONS: [&'static str; 12] = [
+    pub(crate) const REASONS: [&'static str; 13] = [
         "backend",
         "vni",
         "backend_data",
@@ -65,6 +67,7 @@ impl Rejection {
         "public_ip_ours",
         "public_ip_taken",
         "vtep_mac",
+        "public_key",
     ];
 
     /// The `reason` label of `weft_leases_rejected`.
@@ -82,6 +85,7 @@ impl Rejection {
             Rejection::PublicIpOurs(_) => "public_ip_ours",
             Rejection::PublicIpTaken(_) => "public_ip_taken",
             Rejection::VtepMac(_) => "vtep_mac",
+            Rejection::PublicKey(_) => "public_key",
         }
     }
 }
@@ -89,7 +93,7 @@ impl Rejection {
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Rejection::Backend(b) => write!(f, "backend {b:?} is not vxlan"),
+            Rejection::Backend(b) => write!(f, "backend {b:?} is not this network's"),
             Rejection::Vni(v) => write!(f, "VNI {v} is not this network's"),
             Rejection::BackendData(e) => write!(f, "{e}"),
             Rejection::OutsideNetwork => {
@@ -116,6 +120,7 @@ impl fmt::Display for Rejection {
                 write!(f, "PublicIP belongs to another node's older lease {k}")
             }
             Rejection::VtepMac(m) => write!(f, "VtepMAC {m} is not a unicast MAC"),
+            Rejection::PublicKey(e) => write!(f, "{e}"),
         }
     }
 }
@@ -163,6 +168,32 @@ fn unicast_mac(data: &VxlanData) -> Result<MacAddr, Rejection> {
     Ok(mac)
 }
 
+/// What one family's backend data gives a peer: the vxlan backend's VTEP
+/// MAC (its VNI checked), or the wireguard backend's public key.
+fn link(
+    attrs: &LeaseAttrs,
+    config: &NetworkConfig,
+    v6: bool,
+) -> Result<(MacAddr, Option<WgKey>), Rejection> {
+    if config.wireguard.is_some() {
+        let data = attrs
+            .wireguard_data(v6)
+            .map_err(|e| Rejection::BackendData(e.to_string()))?;
+        let key = data.key().map_err(Rejection::PublicKey)?;
+        return Ok((MacAddr([0; 6]), Some(key)));
+    }
+    let data = if v6 {
+        attrs.vxlan_v6_data()
+    } else {
+        attrs.vxlan_data()
+    }
+    .map_err(|e| Rejection::BackendData(e.to_string()))?;
+    if data.vni != config.vni {
+        return Err(Rejection::Vni(data.vni));
+    }
+    Ok((unicast_mac(&data)?, None))
+}
+
 /// The checks that depend on one lease alone (and the config, and who we
 /// are when known): the peers it makes, one per address family the network
 /// and the lease both have. Overlaps between leases are decided by the
@@ -173,7 +204,12 @@ pub(super) fn check(
     config: &NetworkConfig,
     me: Option<&Identity>,
 ) -> Result<Vec<Peer>, Rejection> {
-    if attrs.backend_type != "vxlan" {
+    let backend = if config.wireguard.is_some() {
+        "wireguard"
+    } else {
+        "vxlan"
+    };
+    if attrs.backend_type != backend {
         return Err(Rejection::Backend(attrs.backend_type.to_string()));
     }
     let mut peers = Vec::new();
@@ -181,12 +217,7 @@ pub(super) fn check(
         let Some(pool) = &config.ipv4 else {
             return Err(Rejection::OutsideNetwork);
         };
-        let data = attrs
-            .vxlan_data()
-            .map_err(|e| Rejection::BackendData(e.to_string()))?;
-        if data.vni != config.vni {
-            return Err(Rejection::Vni(data.vni));
-        }
+        let link = link(attrs, config, false)?;
         if !pool.network.contains(&subnet) {
             return Err(Rejection::OutsideNetwork);
         }
@@ -206,16 +237,12 @@ pub(super) fn check(
         peers.push(Peer {
             subnet: IpNet::V4(subnet),
             vtep: ip.into(),
-            mac: unicast_mac(&data)?,
+            mac: link.0,
+            key: link.1,
         });
     }
     if let (Some(subnet), Some(pool)) = (subnets.v6, &config.ipv6) {
-        let data = attrs
-            .vxlan_v6_data()
-            .map_err(|e| Rejection::BackendData(e.to_string()))?;
-        if data.vni != config.vni {
-            return Err(Rejection::Vni(data.vni));
-        }
+        let link = link(attrs, config, true)?;
         if !pool.network.contains(&subnet) {
             return Err(Rejection::OutsideNetwork);
         }
@@ -239,7 +266,8 @@ pub(super) fn check(
         peers.push(Peer {
             subnet: IpNet::V6(subnet),
             vtep: ip.into(),
-            mac: unicast_mac(&data)?,
+            mac: link.0,
+            key: link.1,
         });
     }
     if peers.is_empty() {
@@ -292,6 +320,60 @@ mod tests {
 
     fn v4(s: &str) -> Subnets {
         Subnets::v4(s.parse::<Ipv4Net>().unwrap())
+    }
+
+    const KEY: &str = "x9Rtw8t1XjpDqbdFVH0p5Z3BzM2DQCjJ7ySPw9KQm1g=";
+
+    fn wg_cfg() -> NetworkConfig {
+        NetworkConfig::parse(
+            br#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:5::/56","Backend":{"Type":"wireguard"}}"#,
+        )
+        .unwrap()
+    }
+
+    fn wg_lease(data: &str, data6: &str) -> LeaseAttrs {
+        LeaseAttrs::parse(
+            format!(r#"{{"PublicIP":"198.18.0.2","PublicIPv6":"fd00:18::2","BackendType":"wireguard","BackendData":{data},"BackendV6Data":{data6}}}"#)
+                .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn wireguard_leases_carry_a_key_per_family_and_a_bad_key_is_named() {
+        let c = wg_cfg();
+        let m = me();
+        let s = super::super::key::parse_key("10.5.3.0-24&fd00:5:0:3::-64").unwrap();
+        let good = format!(r#"{{"PublicKey":"{KEY}","Port":51820}}"#);
+        let p = check(&s, &wg_lease(&good, &good), &c, Some(&m)).unwrap();
+        assert_eq!(p.len(), 2);
+        assert!(p.iter().all(|p| p.key.unwrap().to_string() == KEY));
+        assert_eq!(p[1].vtep.to_string(), "fd00:18::2");
+        for (data, data6, want) in [
+            (
+                r#"{"PublicKey":"AAAA"}"#.to_string(),
+                good.clone(),
+                "public_key",
+            ),
+            (
+                good.clone(),
+                r#"{"PublicKey":"x9Rtw8t1XjpDqbdFVH0p5Z3BzM2DQCjJ7ySPw9KQm1h="}"#.into(),
+                "public_key",
+            ),
+            (r#"{"Key":"x"}"#.into(), good.clone(), "backend_data"),
+            (r#""text""#.into(), good.clone(), "backend_data"),
+        ] {
+            let got = check(&s, &wg_lease(&data, &data6), &c, Some(&m)).unwrap_err();
+            assert_eq!(got.name(), want, "{data} {data6}: {got}");
+        }
+        // A vxlan lease in a wireguard network, and the other way round.
+        let vx = lease6("198.18.0.2", "fd00:18::2", "02:00:00:00:00:03", 7);
+        assert_eq!(check(&s, &vx, &c, Some(&m)).unwrap_err().name(), "backend");
+        let wg = wg_lease(&good, &good);
+        assert_eq!(
+            check(&s, &wg, &dual(), Some(&m)).unwrap_err().name(),
+            "backend"
+        );
     }
 
     #[test]
