@@ -319,6 +319,10 @@ pub(crate) struct AgentArgs {
     #[arg(long, env = "FLANNELD_IPTABLES_FORWARD_RULES", default_value_t = true,
           action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub iptables_forward_rules: bool,
+    /// The node's WireGuard private key (the wireguard backend), where
+    /// flannel keeps it: read if it exists, made (0400) if not.
+    #[arg(long, env = "WIREGUARD_KEY_FILE", default_value = crate::dataplane::wireguard::DEFAULT_KEY_FILE)]
+    pub wireguard_key_file: PathBuf,
     /// Log every packet the dataplane drops, with the reason and the
     /// addresses (for debugging; off costs nothing).
     #[arg(long, env = "WEFT_TRACE_DROPS")]

@@ -77,6 +77,23 @@ pub(crate) struct Metrics {
     programs_known: AtomicBool,
     /// Continuous peer health, once probing.
     health: OnceLock<crate::health::HealthView>,
+    /// The wireguard backend's peers, as last read from the kernel.
+    wireguard: Mutex<Option<WgMetrics>>,
+}
+
+/// The wireguard backend's peers, for the metrics.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct WgMetrics {
+    /// Peers by handshake: within the last 180 s, older, never.
+    pub recent: u64,
+    pub stale: u64,
+    pub never: u64,
+    /// The oldest handshake among the peers that had one, in seconds.
+    pub oldest_handshake: Option<u64>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    /// Per peer (with `--peer-metrics`): key, handshake age, rx, tx.
+    pub per_peer: Vec<(String, Option<u64>, u64, u64)>,
 }
 
 #[derive(Default)]
@@ -176,6 +193,9 @@ impl Metrics {
     }
     pub(crate) fn set_health(&self, h: crate::health::HealthView) {
         let _ = self.health.set(h);
+    }
+    pub(crate) fn set_wireguard(&self, m: WgMetrics) {
+        *self.wireguard.lock().expect("metrics lock") = Some(m);
     }
     pub(crate) fn set_direct_peers(&self, n: u64) {
         self.direct_peers.store(n, Relaxed);
@@ -403,6 +423,9 @@ impl Metrics {
         if let Some(h) = self.health.get() {
             h.render(&mut o);
         }
+        if let Some(w) = &*self.wireguard.lock().expect("metrics lock") {
+            render_wireguard(&mut o, w);
+        }
         if let Some(c) = self.counters.get() {
             render_counters(&mut o, c);
         }
@@ -428,6 +451,59 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The wireguard backend's peers.
+fn render_wireguard(o: &mut String, w: &WgMetrics) {
+    let name = "weft_wireguard_peers";
+    let _ = writeln!(
+        o,
+        "# HELP {name} WireGuard peers by their last handshake: within 180 s (recent), older (stale), never.\n# TYPE {name} gauge\n{name}{{handshake=\"recent\"}} {}\n{name}{{handshake=\"stale\"}} {}\n{name}{{handshake=\"never\"}} {}",
+        w.recent, w.stale, w.never
+    );
+    if let Some(a) = w.oldest_handshake {
+        let name = "weft_wireguard_handshake_age_max_seconds";
+        let _ = writeln!(
+            o,
+            "# HELP {name} The oldest last handshake among the WireGuard peers that had one.\n# TYPE {name} gauge\n{name} {a}"
+        );
+    }
+    for (name, help, v, per) in [
+        (
+            "weft_wireguard_received_bytes_total",
+            "Bytes received from WireGuard peers (the current peers' sum).",
+            w.rx_bytes,
+            2,
+        ),
+        (
+            "weft_wireguard_sent_bytes_total",
+            "Bytes sent to WireGuard peers (the current peers' sum).",
+            w.tx_bytes,
+            3,
+        ),
+    ] {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        if !w.per_peer.is_empty() {
+            let pname = name.replace("weft_wireguard_", "weft_wireguard_peer_");
+            let _ = writeln!(o, "# TYPE {pname} counter");
+            for p in &w.per_peer {
+                let v = if per == 2 { p.2 } else { p.3 };
+                let _ = writeln!(o, "{pname}{{peer=\"{}\"}} {v}", p.0);
+            }
+        }
+    }
+    if !w.per_peer.is_empty() {
+        let name = "weft_wireguard_peer_handshake_age_seconds";
+        let _ = writeln!(
+            o,
+            "# HELP {name} Seconds since each peer's last handshake (peers that had one).\n# TYPE {name} gauge"
+        );
+        for p in &w.per_peer {
+            if let Some(a) = p.1 {
+                let _ = writeln!(o, "{name}{{peer=\"{}\"}} {a}", p.0);
+            }
+        }
+    }
 }
 
 /// The eBPF counters.

@@ -20,7 +20,9 @@ use crate::{cmd::run, toolchain};
 /// binary's C parts), manifest checks (yamllint, python3-venv for
 /// kubernetes-validate), conntrack (the tests read conntrack's entries)
 /// the benchmarks (iperf3, sockperf, bpftool, perf, ethtool) and the VM
-/// test runner (qemu, kmod's depmod for the guest kernels' modules).
+/// test runner (qemu, kmod's depmod for the guest kernels' modules), and
+/// `wg` (wireguard-tools) for the flannel-style WireGuard node of the
+/// wireguard tests.
 const PACKAGES: &[&str] = &[
     "protobuf-compiler",
     "libprotobuf-dev",
@@ -52,6 +54,7 @@ const PACKAGES: &[&str] = &[
     "linux-perf",
     "qemu-system-x86",
     "kmod",
+    "wireguard-tools",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -144,9 +144,10 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     host.complete(&args, &config).await?;
     let plan = NodePlan::build(&args, &config, host.clone(), opts.request_timeout)?;
     plan.log(&host, config.vni);
-    let dataplane = match plan.dataplane.clone() {
-        None => Dataplane::off(),
-        Some(spec) => Dataplane::ebpf(spec),
+    let dataplane = match (plan.dataplane.clone(), plan.wireguard.clone()) {
+        (Some(spec), _) => Dataplane::ebpf(spec),
+        (None, Some(spec)) => Dataplane::wireguard(spec),
+        (None, None) => Dataplane::off(),
     };
     let holder = LeaseHolder::new(
         store.clone(),
@@ -309,6 +310,7 @@ impl Agent {
                     }
                     if ticks.is_multiple_of(TLS_CHECK_TICKS) {
                         reload_tls(store, &self.metrics).await;
+                        self.wireguard_metrics();
                     }
                     self.report();
                 }
@@ -447,7 +449,9 @@ impl Agent {
     /// Writes subnet.env for `subnets`, with the current overlay MTU.
     fn write_subnet_env(&self, subnets: Subnets) -> Result<()> {
         let mtu = self.dataplane.mtu().unwrap_or_else(|| {
-            let overhead = if subnets.v6.is_some() {
+            let overhead = if self.config.wireguard.is_some() {
+                lease::WIREGUARD_OVERHEAD
+            } else if subnets.v6.is_some() {
                 dataplane_common::VXLAN6_OVERHEAD
             } else {
                 dataplane_common::VXLAN_OVERHEAD
@@ -545,6 +549,43 @@ impl Agent {
             }
             self.old_subnet = Some((old, left));
         }
+    }
+
+    /// The wireguard backend's peers, read from the kernel, to the
+    /// metrics (aggregates; per peer with `--peer-metrics`).
+    fn wireguard_metrics(&self) {
+        let Some(r) = self.dataplane.wireguard_peers() else {
+            return;
+        };
+        let stats = match r {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot read the WireGuard devices' peers");
+                return;
+            }
+        };
+        let per_peer = self.probe.is_some_and(|p| p.per_peer_metrics);
+        let mut m = crate::metrics::WgMetrics::default();
+        for p in &stats {
+            let age = crate::dataplane::wireguard::age(p.last_handshake);
+            match age {
+                None => m.never += 1,
+                Some(a) if a <= crate::dataplane::wireguard::HANDSHAKE_RECENT_SECS => m.recent += 1,
+                Some(_) => m.stale += 1,
+            }
+            m.oldest_handshake = m.oldest_handshake.max(age);
+            m.rx_bytes += p.rx_bytes;
+            m.tx_bytes += p.tx_bytes;
+            if per_peer {
+                m.per_peer.push((
+                    format!("{}/{}", p.device, p.key),
+                    age,
+                    p.rx_bytes,
+                    p.tx_bytes,
+                ));
+            }
+        }
+        self.metrics.set_wireguard(m);
     }
 
     /// Metrics and the status report, from the current state.

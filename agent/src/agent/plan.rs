@@ -14,7 +14,10 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{
     cli::{AgentArgs, DatapathKind},
-    dataplane::{DataplaneSpec, Link, Netlink, PinDir},
+    dataplane::{
+        DataplaneSpec, Link, Netlink, PinDir,
+        wireguard::{PrivateKey, WgSpec},
+    },
     lease::{Identity, LeaseAttrs, NetworkConfig, Timing},
     mac::MacAddr,
     node,
@@ -102,8 +105,12 @@ pub(crate) struct NodePlan {
     pub(crate) me: Identity,
     /// What this node writes into its lease.
     pub(crate) value: LeaseAttrs,
-    /// The dataplane's spec (None: `--datapath none`).
+    /// The dataplane's spec (None: `--datapath none`, or the wireguard
+    /// backend).
     pub(crate) dataplane: Option<DataplaneSpec>,
+    /// The wireguard backend's dataplane (None: `--datapath none`, or the
+    /// vxlan backend).
+    pub(crate) wireguard: Option<WgSpec>,
     pub(crate) timing: Timing,
     /// The uplink's MTU (1500 without one).
     pub(crate) uplink_mtu: u32,
@@ -157,8 +164,46 @@ impl NodePlan {
             public_ip,
             public_ipv6,
         };
-        let value = lease_value(&me, config.vni, vtep_mac, vtep6_mac);
         let uplink_mtu = host.uplink.as_ref().map_or(1500, |l| l.mtu);
+        if let Some(wg) = &config.wireguard {
+            let key = PrivateKey::load_or_create(&args.wireguard_key_file)?;
+            let value = LeaseAttrs::wireguard(
+                public_ip,
+                public_ipv6,
+                key.public(),
+                (wg.listen_port, wg.listen_port_v6),
+                node_id,
+            );
+            let wireguard = match (args.datapath, host.uplink) {
+                (DatapathKind::None, _) => None,
+                (DatapathKind::Ebpf, None) => bail!("the dataplane needs an uplink (--iface)"),
+                (DatapathKind::Ebpf, Some(uplink)) => Some(WgSpec {
+                    config: wg.clone(),
+                    key,
+                    underlay_mtu: config.mtu.unwrap_or(uplink.mtu),
+                    uplink: uplink.name,
+                    state_dir: args.state.state_dir.clone(),
+                    network: config.network(),
+                    network6: config.ipv6_network(),
+                    masquerade: args.ip_masq.then_some(!args.ip_masq_fully_random_disable),
+                    forward_rules: args.iptables_forward_rules,
+                }),
+            };
+            return Ok(Self {
+                me,
+                value,
+                dataplane: None,
+                wireguard,
+                timing: Timing {
+                    ttl: Duration::from_secs(args.subnet_lease_ttl),
+                    renew_margin: Duration::from_secs(args.subnet_lease_renew_margin * 60),
+                    request_timeout,
+                    retry_interval: retry_interval(args),
+                },
+                uplink_mtu,
+            });
+        }
+        let value = lease_value(&me, config.vni, vtep_mac, vtep6_mac);
         let dataplane = match (args.datapath, host.uplink) {
             (DatapathKind::None, _) => None,
             (DatapathKind::Ebpf, None) => bail!("the eBPF datapath needs an uplink (--iface)"),
@@ -192,6 +237,7 @@ impl NodePlan {
             me,
             value,
             dataplane,
+            wireguard: None,
             timing: Timing {
                 ttl: Duration::from_secs(args.subnet_lease_ttl),
                 renew_margin: Duration::from_secs(args.subnet_lease_renew_margin * 60),

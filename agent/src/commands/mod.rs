@@ -9,6 +9,7 @@ mod node_init;
 mod rollback;
 mod selftest;
 mod status;
+mod status_wireguard;
 mod teardown;
 
 pub(crate) use counters::counters;

@@ -24,6 +24,16 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
     let (pins, state, etcd) = (&node.pins, &node.state, &node.etcd);
     let subnet_path: &Path = &node.subnet_file;
     let dir = PinDir::new(&pins.bpffs_dir);
+    // The wireguard backend has no maps: its devices say it all.
+    let wireguard = crate::dataplane::wireguard::devices_here()?;
+    if !wireguard.is_empty() && PeerMaps::open(&dir).is_err() {
+        return super::status_wireguard::print(
+            &wireguard,
+            lease::read_subnet(&node.subnet_file).ok().flatten(),
+            report::read(&state.state_dir),
+            json_out,
+        );
+    }
     let maps = PeerMaps::open(&dir)?;
     let cfg = maps.config()?;
     let counters = Counters::open(&dir)?.all()?;

@@ -30,6 +30,7 @@ mod sysctl;
 mod teardown;
 mod trace;
 mod types;
+pub mod wireguard;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -85,6 +86,11 @@ enum Kind {
         spec: DataplaneSpec,
         overlay: Option<Box<Overlay>>,
     },
+    /// The wireguard backend: the kernel's WireGuard devices.
+    Wireguard {
+        spec: wireguard::WgSpec,
+        wg: Option<Box<wireguard::WgOverlay>>,
+    },
 }
 
 impl Dataplane {
@@ -99,6 +105,10 @@ impl Dataplane {
             spec,
             overlay: None,
         })
+    }
+
+    pub fn wireguard(spec: wireguard::WgSpec) -> Self {
+        Self::with(Kind::Wireguard { spec, wg: None })
     }
 
     fn with(kind: Kind) -> Self {
@@ -130,6 +140,21 @@ impl Dataplane {
                     *overlay = Some(Box::new(o));
                     // Loading parsed the kernel's BTF: give that back.
                     crate::sys::memory::give_back();
+                    Ok(())
+                }
+            },
+            Kind::Wireguard { spec, wg } => match wg {
+                Some(w) => w.set_subnet(subnets).await,
+                None => {
+                    let w = wireguard::WgOverlay::setup(spec.clone(), subnets).await?;
+                    tracing::info!(
+                        devices = ?w.devices(),
+                        public_key = %w.public_key(),
+                        subnet = ?subnets.v4,
+                        subnet6 = ?subnets.v6,
+                        "dataplane up (wireguard)"
+                    );
+                    *wg = Some(Box::new(w));
                     Ok(())
                 }
             },
@@ -166,24 +191,30 @@ impl Dataplane {
                 };
                 o.apply_batch(updates).await
             }
+            Kind::Wireguard { wg, .. } => {
+                let Some(w) = wg.as_mut() else {
+                    anyhow::bail!("peer update before the dataplane is up");
+                };
+                w.apply_batch(updates).await
+            }
         }
     }
 
     /// The updates so far add up to etcd's state at `revision`, whose
     /// peers are `peers`.
     pub(crate) async fn synced(&mut self, revision: i64, peers: &HashSet<IpNet>) -> Result<()> {
-        if let Kind::Ebpf {
-            overlay: Some(o), ..
-        } = &mut self.kind
-            && !self.first_sync_done
-        {
-            let removed = o.retain(peers).await?;
-            if removed > 0 {
-                tracing::info!(
-                    removed,
-                    "removed peers whose leases vanished while the agent was away"
-                );
-            }
+        let removed = match &mut self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } if !self.first_sync_done => o.retain(peers).await?,
+            Kind::Wireguard { wg: Some(w), .. } if !self.first_sync_done => w.retain(peers).await?,
+            _ => 0,
+        };
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                "removed peers whose leases vanished while the agent was away"
+            );
         }
         if !self.first_sync_done {
             // The first sync decoded and programmed every lease at once.
@@ -205,6 +236,9 @@ impl Dataplane {
             Kind::Ebpf { overlay, .. } => overlay.as_ref().map_or_else(Vec::new, |o| {
                 o.peers().values().map(|p| (p.subnet, p.vtep)).collect()
             }),
+            Kind::Wireguard { wg, .. } => wg.as_ref().map_or_else(Vec::new, |w| {
+                w.peers().values().map(|p| (p.subnet, p.vtep)).collect()
+            }),
         }
     }
 
@@ -212,6 +246,7 @@ impl Dataplane {
         match &self.kind {
             Kind::Off { peers } => peers.len(),
             Kind::Ebpf { overlay, .. } => overlay.as_ref().map_or(0, |o| o.peers().len()),
+            Kind::Wireguard { wg, .. } => wg.as_ref().map_or(0, |w| w.peers().len()),
         }
     }
 
@@ -296,6 +331,7 @@ impl Dataplane {
             Kind::Ebpf {
                 overlay: Some(o), ..
             } => o.heal().await,
+            Kind::Wireguard { wg: Some(w), .. } => w.heal().await,
             _ => Ok(Healed::default()),
         }
     }
@@ -307,6 +343,7 @@ impl Dataplane {
             Kind::Ebpf {
                 overlay: Some(o), ..
             } => Some(o.mtu()),
+            Kind::Wireguard { wg: Some(w), .. } => Some(w.mtu()),
             _ => None,
         }
     }
@@ -315,7 +352,7 @@ impl Dataplane {
     pub(crate) fn vxlan_port(&self) -> u16 {
         match &self.kind {
             Kind::Ebpf { spec, .. } => spec.port,
-            Kind::Off { .. } => 0,
+            Kind::Off { .. } | Kind::Wireguard { .. } => 0,
         }
     }
 
@@ -364,6 +401,15 @@ impl Dataplane {
             Kind::Ebpf {
                 overlay: Some(o), ..
             } => Some(o.liberal()),
+            _ => None,
+        }
+    }
+
+    /// The WireGuard peers as the kernel reports them (the wireguard
+    /// backend, once up).
+    pub(crate) fn wireguard_peers(&self) -> Option<Result<Vec<wireguard::WgPeerStats>>> {
+        match &self.kind {
+            Kind::Wireguard { wg: Some(w), .. } => Some(w.stats()),
             _ => None,
         }
     }

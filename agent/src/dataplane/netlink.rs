@@ -12,7 +12,7 @@ use super::types::XdpMode;
 use anyhow::{Context as _, Result, anyhow, bail};
 use futures::TryStreamExt as _;
 use rtnetlink::{
-    Handle, LinkUnspec, LinkVeth, LinkVxlan, RouteMessageBuilder,
+    Handle, LinkUnspec, LinkVeth, LinkVxlan, LinkWireguard, RouteMessageBuilder,
     packet_route::{
         AddressFamily,
         address::{AddressAttribute, AddressMessage},
@@ -329,6 +329,37 @@ impl Netlink {
             }
         };
         self.converge_noarp(&link, Some(mac), mtu).await?;
+        Ok((link.index, created))
+    }
+
+    /// Creates (or adopts, as it is) the WireGuard device `name`, with
+    /// `mtu`, up. Returns its index, and whether it was created now.
+    pub(crate) async fn ensure_wireguard_device(
+        &self,
+        name: &str,
+        mtu: u32,
+    ) -> Result<(u32, bool)> {
+        let mut created = false;
+        let link = match self.link(name).await? {
+            Some(l) if l.kind.as_deref() == Some("wireguard") => l,
+            Some(l) => bail!(
+                "a device named {name} exists but is a {} device, not a WireGuard device; remove it",
+                l.kind.as_deref().unwrap_or("physical")
+            ),
+            None => {
+                self.handle
+                    .link()
+                    .add(LinkWireguard::new(name).build())
+                    .execute()
+                    .await
+                    .with_context(|| {
+                        format!("creating the WireGuard device {name} (does this kernel have WireGuard?)")
+                    })?;
+                created = true;
+                self.require_link(name).await?
+            }
+        };
+        self.converge_noarp(&link, None, mtu).await?;
         Ok((link.index, created))
     }
 

@@ -50,11 +50,14 @@ pub(crate) enum Rejection {
     VtepMac(MacAddr),
     /// The wireguard lease's PublicKey is not a key.
     PublicKey(String),
+    /// An older lease of another node has this public key (named by its
+    /// key).
+    PublicKeyTaken(String),
 }
 
 impl Rejection {
     /// Every metric label, for a complete `weft_leases_rejected` series.
-    pub(crate) const REASONS: [&'static str; 13] = [
+    pub(crate) const REASONS: [&'static str; 14] = [
         "backend",
         "vni",
         "backend_data",
@@ -68,6 +71,7 @@ impl Rejection {
         "public_ip_taken",
         "vtep_mac",
         "public_key",
+        "public_key_taken",
     ];
 
     /// The `reason` label of `weft_leases_rejected`.
@@ -86,6 +90,7 @@ impl Rejection {
             Rejection::PublicIpTaken(_) => "public_ip_taken",
             Rejection::VtepMac(_) => "vtep_mac",
             Rejection::PublicKey(_) => "public_key",
+            Rejection::PublicKeyTaken(_) => "public_key_taken",
         }
     }
 }
@@ -121,6 +126,9 @@ impl fmt::Display for Rejection {
             }
             Rejection::VtepMac(m) => write!(f, "VtepMAC {m} is not a unicast MAC"),
             Rejection::PublicKey(e) => write!(f, "{e}"),
+            Rejection::PublicKeyTaken(k) => {
+                write!(f, "PublicKey belongs to another node's older lease {k}")
+            }
         }
     }
 }

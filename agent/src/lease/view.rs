@@ -270,6 +270,7 @@ pub(crate) fn decide<'a>(
     let mut accepted: HashMap<IpNet, Peer> = HashMap::new();
     let mut winners: HashMap<IpNet, &str> = HashMap::new();
     let mut vteps: HashMap<IpAddr, (&Option<String>, &str)> = HashMap::new();
+    let mut keys: HashMap<crate::wgkey::WgKey, (&Option<String>, IpAddr, &str)> = HashMap::new();
     for (l, peers) in candidates {
         let verdict = peers.iter().find_map(|p| {
             if own.is_some_and(|o| o.overlaps_net(&p.subnet)) {
@@ -280,6 +281,13 @@ pub(crate) fn decide<'a>(
                 && **node != l.attrs.node_id
             {
                 Some(Rejection::PublicIpTaken(k.to_string()))
+            } else if let Some(key) = p.key
+                && let Some((node, vtep, k)) = keys.get(&key)
+                && (**node != l.attrs.node_id || (node.is_none() && *vtep != p.vtep))
+            {
+                // One key is one node: a second node with it would take
+                // the first one's traffic on the WireGuard device.
+                Some(Rejection::PublicKeyTaken(k.to_string()))
             } else {
                 None
             }
@@ -292,6 +300,10 @@ pub(crate) fn decide<'a>(
                 for p in peers {
                     winners.insert(p.subnet, &l.key);
                     vteps.entry(p.vtep).or_insert((&l.attrs.node_id, &l.key));
+                    if let Some(key) = p.key {
+                        keys.entry(key)
+                            .or_insert((&l.attrs.node_id, p.vtep, &l.key));
+                    }
                     accepted.insert(p.subnet, p);
                 }
             }

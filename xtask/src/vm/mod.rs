@@ -376,6 +376,9 @@ pub(crate) fn matrix() -> Vec<Options> {
                  oversized_packets_get_icmp_or_a_counted_drop,\
                  interop_with_a_flannel_node_using_the_kernel_vxlan_device,\
                  vxlan_that_arrives_as_fragments_is_reassembled_checked_and_counted",
+                // flannel's wireguard backend: the host's kernel has no
+                // WireGuard.
+                "wireguard",
             ],
         ),
         Options::new(

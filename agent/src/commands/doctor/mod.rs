@@ -13,6 +13,7 @@ mod findings;
 mod host;
 mod lease;
 mod peers;
+mod wireguard;
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
@@ -48,6 +49,12 @@ pub(crate) async fn doctor(a: DoctorArgs<'_>) -> Result<()> {
         agent.as_ref().and_then(|r| r.pid),
     );
     let dir = PinDir::new(&a.node.pins.bpffs_dir);
+    // The wireguard backend has no maps: its devices are what to check.
+    let wg = crate::dataplane::wireguard::devices_here()?;
+    if !wg.is_empty() && PeerMaps::open(&dir).is_err() {
+        wireguard::check(&mut f, &wg);
+        return f.finish();
+    }
     match PeerMaps::open(&dir).and_then(|m| Ok((m.config()?, m))) {
         Err(e) => f.fail(
             "datapath",

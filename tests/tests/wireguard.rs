@@ -1,0 +1,388 @@
+//! flannel's `wireguard` backend: two Weft nodes and a node set up exactly
+//! as flannel's backend sets one up (`wg` from wireguard-tools, its lease in
+//! flannel's JSON) share one encrypted network.
+//!
+//! The test whose name ends in `over_wireguard` needs a kernel with
+//! WireGuard (Debian's 6.12 has it as a module). `cargo xtask test` runs it
+//! in the 6.12 VM and skips it on the host, whose kernel has none; on a
+//! kernel without WireGuard it fails, never passes.
+
+use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+
+use ipnet::Ipv4Net;
+use weft_tests::{
+    agent::eventually,
+    cluster::{Node, ping},
+    traffic::{capture_count, ping_outcome, ping_run, tcp_transfer},
+    weft_cluster::{PREFIX, WeftCluster},
+};
+
+const T: Duration = Duration::from_secs(60);
+const CONFIG: &str = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard"}}"#;
+
+/// A key made by `wg genkey` into `path`; returns its public key.
+fn wg_key(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "umask 077; wg genkey > {p} && wg pubkey < {p}",
+            p = path.display()
+        ))
+        .output()
+        .expect("wg runs (wireguard-tools)");
+    assert!(out.status.success(), "wg genkey: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A Weft node's public key, from its lease in etcd.
+fn lease_key(c: &WeftCluster, subnet: Ipv4Net) -> String {
+    let v = c
+        .etcd
+        .etcdctl(&[
+            "get",
+            "--print-value-only",
+            &format!("{PREFIX}/subnets/{}", weft::lease::to_key(&subnet)),
+        ])
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(v.trim()).unwrap();
+    assert_eq!(v["BackendType"], "wireguard", "{v}");
+    v["BackendData"]["PublicKey"].as_str().unwrap().to_string()
+}
+
+/// `wg show <dev> dump` of `ns`: (public key, endpoint, allowed IPs) per
+/// peer.
+fn wg_peers(ns: &weft_tests::netns::Netns, dev: &str) -> Vec<(String, String, String)> {
+    let out = ns.exec("wg", &["show", dev, "dump"]).unwrap_or_default();
+    out.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f.len() >= 4).then(|| (f[0].to_string(), f[2].to_string(), f[3].to_string()))
+        })
+        .collect()
+}
+
+/// The flannel node: `flannel-wg` as flannel's backend makes it (MTU 1500
+/// less 80, its subnet's network address /32, the cluster network routed to
+/// it, port 51820), its lease in flannel's JSON, and a peer per Weft node.
+struct Flannel {
+    node: Node,
+    subnet: Ipv4Net,
+    key_file: PathBuf,
+    etcd_lease: String,
+}
+
+impl Flannel {
+    fn up(c: &WeftCluster, index: u8, subnet: Ipv4Net) -> Self {
+        let mut node = Node::new(&c.underlay, index).unwrap();
+        node.pods_for(subnet, 1, 1420).unwrap();
+        let key_file = std::env::temp_dir().join(weft_tests::unique("weft-flannel-wgkey-"));
+        let public = wg_key(&key_file);
+        let ns = &node.ns;
+        ns.ip(&["link", "add", "flannel-wg", "type", "wireguard"])
+            .unwrap();
+        ns.ip(&["link", "set", "flannel-wg", "mtu", "1420"])
+            .unwrap();
+        ns.exec(
+            "wg",
+            &[
+                "set",
+                "flannel-wg",
+                "private-key",
+                key_file.to_str().unwrap(),
+                "listen-port",
+                "51820",
+            ],
+        )
+        .unwrap();
+        ns.ip(&[
+            "addr",
+            "add",
+            &format!("{}/32", subnet.network()),
+            "dev",
+            "flannel-wg",
+        ])
+        .unwrap();
+        ns.ip(&["link", "set", "flannel-wg", "up"]).unwrap();
+        ns.ip(&[
+            "route",
+            "replace",
+            "10.244.0.0/16",
+            "dev",
+            "flannel-wg",
+            "scope",
+            "link",
+        ])
+        .unwrap();
+        ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
+        let lease = c.etcd.etcdctl(&["lease", "grant", "86400"]).unwrap();
+        let etcd_lease = lease.split_whitespace().nth(1).unwrap().to_string();
+        let f = Self {
+            node,
+            subnet,
+            key_file,
+            etcd_lease,
+        };
+        f.write_lease(c, &public);
+        for n in &c.nodes {
+            f.add_peer(&lease_key(c, n.subnet), n.node.ip, n.subnet);
+        }
+        f
+    }
+
+    fn write_lease(&self, c: &WeftCluster, public: &str) {
+        c.etcd
+            .etcdctl(&[
+                "put",
+                &format!("--lease={}", self.etcd_lease),
+                &format!("{PREFIX}/subnets/{}", weft::lease::to_key(&self.subnet)),
+                &serde_json::json!({
+                    "PublicIP": self.node.ip.to_string(), "PublicIPv6": null,
+                    "BackendType": "wireguard",
+                    "BackendData": {"PublicKey": public, "Port": 51820},
+                })
+                .to_string(),
+            ])
+            .unwrap();
+    }
+
+    fn add_peer(&self, key: &str, ip: Ipv4Addr, subnet: Ipv4Net) {
+        self.node
+            .ns
+            .exec(
+                "wg",
+                &[
+                    "set",
+                    "flannel-wg",
+                    "peer",
+                    key,
+                    "endpoint",
+                    &format!("{ip}:51820"),
+                    "allowed-ips",
+                    &subnet.to_string(),
+                ],
+            )
+            .unwrap();
+    }
+
+    /// A new key, as a flannel node whose key file was lost makes one: the
+    /// device's key replaced and the lease rewritten.
+    fn rekey(&self, c: &WeftCluster) -> String {
+        std::fs::remove_file(&self.key_file).unwrap();
+        let public = wg_key(&self.key_file);
+        self.node
+            .ns
+            .exec(
+                "wg",
+                &[
+                    "set",
+                    "flannel-wg",
+                    "private-key",
+                    self.key_file.to_str().unwrap(),
+                ],
+            )
+            .unwrap();
+        self.write_lease(c, &public);
+        public
+    }
+}
+
+impl Drop for Flannel {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.key_file);
+    }
+}
+
+#[test]
+fn weft_and_flannel_nodes_share_one_encrypted_network_over_wireguard() {
+    weft_tests::require_root();
+    let mut c = WeftCluster::with_config(0, CONFIG, &[]).unwrap();
+    let keys: Vec<PathBuf> = (1..=2)
+        .map(|i| std::env::temp_dir().join(weft_tests::unique(&format!("weft-wgkey-{i}-"))))
+        .collect();
+    for (i, k) in (1..=2).zip(&keys) {
+        c.add_node(i, &["--wireguard-key-file", k.to_str().unwrap()])
+            .unwrap();
+    }
+    // Each key file is flannel's form: base64, mode 0400.
+    for k in &keys {
+        use std::os::unix::fs::PermissionsExt as _;
+        let m = std::fs::metadata(k).unwrap().permissions().mode() & 0o777;
+        assert_eq!(m, 0o400, "{}", k.display());
+    }
+    let subnet3 = c.free_subnets(1)[0];
+    let f = Flannel::up(&c, 3, subnet3);
+    let key3 = lease_key(&c, subnet3);
+
+    // Every node has the others as WireGuard peers: the Weft nodes as
+    // flannel's backend would set them (its endpoint at the public IP and
+    // port 51820, its subnet as allowed IPs).
+    for (i, n) in c.nodes.iter().enumerate() {
+        let other = &c.nodes[1 - i];
+        eventually(&format!("{} has both peers", n.agent.name), T, || {
+            let peers = wg_peers(&n.node.ns, "flannel-wg");
+            let want = [
+                (
+                    lease_key(&c, other.subnet),
+                    format!("{}:51820", other.node.ip),
+                    other.subnet.to_string(),
+                ),
+                (
+                    key3.clone(),
+                    format!("{}:51820", f.node.ip),
+                    subnet3.to_string(),
+                ),
+            ];
+            want.iter().all(|w| peers.contains(w)).then_some(())
+        });
+        // flannel's device as flannel makes it: MTU 1420, /32 of the
+        // subnet's network address, the network routed to it.
+        let link = n.node.ns.ip(&["-d", "link", "show", "flannel-wg"]).unwrap();
+        assert!(
+            link.contains("mtu 1420") && link.contains("wireguard"),
+            "{link}"
+        );
+        let addr = n.node.ns.ip(&["-4", "addr", "show", "flannel-wg"]).unwrap();
+        assert!(
+            addr.contains(&format!("{}/32", n.subnet.network())),
+            "{addr}"
+        );
+        let route = n.node.ns.ip(&["route", "show", "10.244.0.0/16"]).unwrap();
+        assert!(route.contains("dev flannel-wg"), "{route}");
+        assert_eq!(n.subnet_file_mtu(), 1420, "subnet.env has flannel's MTU");
+    }
+
+    // Every pod reaches every other pod (the flannel node's included).
+    let mut pods: Vec<(&weft_tests::netns::Netns, Ipv4Addr)> = c
+        .nodes
+        .iter()
+        .flat_map(|n| n.node.pods.iter().map(|p| (&p.ns, p.ip)))
+        .collect();
+    pods.extend(f.node.pods.iter().map(|p| (&p.ns, p.ip)));
+    for (ns, from) in &pods {
+        for (_, to) in &pods {
+            if from != to {
+                assert!(ping(ns, *to, 1), "{from} -> {to}");
+            }
+        }
+    }
+
+    // TCP intact both ways, Weft to Weft and Weft to flannel; meanwhile the
+    // underlay carries WireGuard only: no pod address in clear.
+    let (a, b) = (&c.nodes[0].node.pods[0], &c.nodes[1].node.pods[0]);
+    let fp = &f.node.pods[0];
+    let clear = capture_count(&c.nodes[0].node.ns, "eth0", "net 10.244.0.0/16", || {
+        for (srv, ip, port, cli) in [
+            (&b.ns, b.ip, 5201, &a.ns),
+            (&a.ns, a.ip, 5202, &b.ns),
+            (&fp.ns, fp.ip, 5203, &a.ns),
+            (&a.ns, a.ip, 5204, &fp.ns),
+        ] {
+            let (n, ok) = tcp_transfer(srv, ip, port, cli, 10 << 20);
+            assert!(n == 10 << 20 && ok, "TCP {ip}:{port}");
+        }
+    });
+    assert_eq!(
+        clear, 0,
+        "packets with a pod address in clear on the underlay"
+    );
+    let sealed = capture_count(&c.nodes[0].node.ns, "eth0", "udp port 51820", || {
+        assert!(ping(&a.ns, fp.ip, 5));
+    });
+    assert!(
+        sealed >= 10,
+        "the pings went over WireGuard ({sealed} packets)"
+    );
+
+    // A lease with a malformed key is rejected, with the reason.
+    let bad_subnet = c.free_subnets(2)[1];
+    let bad_key = format!("{PREFIX}/subnets/{}", weft::lease::to_key(&bad_subnet));
+    c.etcd
+        .etcdctl(&[
+            "put",
+            &bad_key,
+            r#"{"PublicIP":"198.18.0.77","BackendType":"wireguard","BackendData":{"PublicKey":"not-a-key"}}"#,
+        ])
+        .unwrap();
+    for n in &c.nodes {
+        eventually(&format!("{} rejects the bad key", n.agent.name), T, || {
+            n.rejected()
+                .contains(&(bad_key.clone(), "public_key".to_string()))
+                .then_some(())
+        });
+        assert_eq!(wg_peers(&n.node.ns, "flannel-wg").len(), 2);
+    }
+
+    // The flannel node re-keys: traffic to it resumes within 5 s, and
+    // traffic between the Weft nodes goes on untouched meanwhile.
+    let count = 100 * weft_tests::scaled(Duration::from_secs(8)).as_secs() as u32;
+    let steady = ping_run(&a.ns, b.ip, count);
+    std::thread::sleep(Duration::from_secs(1));
+    let key3_new = f.rekey(&c);
+    let since = std::time::Instant::now();
+    let resumed = weft_tests::agent::poll(Duration::from_secs(5), || {
+        ping(&a.ns, fp.ip, 1).then_some(())
+    });
+    let took = since.elapsed();
+    assert!(
+        resumed.is_some(),
+        "traffic to the re-keyed node did not resume within 5 s"
+    );
+    println!("traffic to the re-keyed node resumed after {took:?}");
+    for n in &c.nodes {
+        let peers = wg_peers(&n.node.ns, "flannel-wg");
+        assert!(
+            peers.iter().any(|p| p.0 == key3_new),
+            "{} has the new key",
+            n.agent.name
+        );
+        assert!(
+            !peers.iter().any(|p| p.0 == key3),
+            "{} dropped the old key",
+            n.agent.name
+        );
+    }
+    let (sent, got) = ping_outcome(steady);
+    assert_eq!(
+        (sent, got),
+        (count, count),
+        "Weft-to-Weft pings lost while a peer re-keyed"
+    );
+
+    // An agent restarts under 100 pings a second: none lost, its key (and
+    // device) unchanged.
+    let key1 = lease_key(&c, c.nodes[0].subnet);
+    let count = 100 * weft_tests::scaled(Duration::from_secs(10)).as_secs() as u32;
+    let to_weft = ping_run(&a.ns, b.ip, count);
+    let to_flannel = ping_run(&a.ns, fp.ip, count);
+    std::thread::sleep(Duration::from_secs(1));
+    c.nodes[0].agent.restart().unwrap();
+    c.nodes[0]
+        .agent
+        .wait_log_count("dataplane up (wireguard)", 2, weft_tests::scaled(T))
+        .unwrap();
+    for (what, p) in [("Weft", to_weft), ("flannel", to_flannel)] {
+        let (sent, got) = ping_outcome(p);
+        assert_eq!(
+            (sent, got),
+            (count, count),
+            "pings to the {what} pod lost across the restart"
+        );
+    }
+    assert!(
+        c.nodes[0]
+            .agent
+            .log()
+            .contains("adopted the WireGuard device as it is"),
+        "the restarted agent adopted its device"
+    );
+    assert_eq!(
+        lease_key(&c, c.nodes[0].subnet),
+        key1,
+        "the key changed across the restart"
+    );
+    assert_eq!(wg_peers(&c.nodes[0].node.ns, "flannel-wg").len(), 2);
+    for k in &keys {
+        let _ = std::fs::remove_file(k);
+    }
+}
