@@ -294,6 +294,54 @@ fn weft_and_flannel_nodes_share_one_encrypted_network_over_wireguard() {
         "the pings went over WireGuard ({sealed} packets)"
     );
 
+    // weft status shows the device and its peers as the kernel has them,
+    // the metrics count the peers by handshake and their bytes, and weft
+    // doctor finds the port open.
+    let n1 = &c.nodes[0];
+    let st: serde_json::Value =
+        serde_json::from_str(&n1.weft(&["status", "--json"]).unwrap()).unwrap();
+    assert_eq!(st["backend"], "wireguard", "{st}");
+    let dev = &st["devices"][0];
+    assert_eq!(
+        (&dev["name"], &dev["port"]),
+        (&"flannel-wg".into(), &51820.into()),
+        "{st}"
+    );
+    assert_eq!(
+        dev["public_key"].as_str(),
+        Some(lease_key(&c, n1.subnet).as_str())
+    );
+    let peers = dev["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 2, "{st}");
+    for p in peers {
+        assert!(
+            p["handshake_age_s"].as_u64().is_some(),
+            "a handshake with {p}"
+        );
+        assert!(p["rx_bytes"].as_u64().unwrap() > 1 << 20, "{p}");
+    }
+    eventually(
+        "the WireGuard metrics",
+        weft_tests::scaled(Duration::from_secs(20)),
+        || {
+            (n1.series("weft_wireguard_peers{handshake=\"recent\"}") == Some(2.0)
+                && n1
+                    .series("weft_wireguard_received_bytes_total")
+                    .is_some_and(|b| b > (20 << 20) as f64))
+            .then_some(())
+        },
+    );
+    let doctor = n1
+        .node
+        .ns
+        .exec(
+            weft_tests::agent::weft_bin().to_str().unwrap(),
+            &["doctor", "--bpffs-dir", n1.pins.path().to_str().unwrap()],
+        )
+        .unwrap();
+    assert!(doctor.contains("UDP 51820 is open"), "{doctor}");
+    assert!(doctor.contains("handshook within 180 s"), "{doctor}");
+
     // A lease with a malformed key is rejected, with the reason.
     let bad_subnet = c.free_subnets(2)[1];
     let bad_key = format!("{PREFIX}/subnets/{}", weft::lease::to_key(&bad_subnet));
@@ -384,5 +432,77 @@ fn weft_and_flannel_nodes_share_one_encrypted_network_over_wireguard() {
     assert_eq!(wg_peers(&c.nodes[0].node.ns, "flannel-wg").len(), 2);
     for k in &keys {
         let _ = std::fs::remove_file(k);
+    }
+}
+
+/// A dual-stack network: in `separate` mode (flannel's default) each family
+/// has its device (`flannel-wg` on 51820 over IPv4, `flannel-wg-v6` on
+/// 51821 over IPv6); in `ipv6` mode one `flannel-wg` carries both families
+/// with every peer reached over IPv6. Every pod reaches every other over
+/// both families either way.
+#[test]
+fn dual_stack_networks_over_wireguard() {
+    weft_tests::require_root();
+    for (mode, devices) in [
+        (
+            "separate",
+            vec![
+                ("flannel-wg", ":51820", "10.244."),
+                ("flannel-wg-v6", "]:51821", "fd00:10:244:"),
+            ],
+        ),
+        ("ipv6", vec![("flannel-wg", "]:51820", "")]),
+    ] {
+        println!("Mode {mode}");
+        let config = format!(
+            r#"{{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{{"Type":"wireguard","Mode":"{mode}"}}}}"#
+        );
+        let mut c = weft_tests::dual::DualCluster::new(0, &config, &[]).unwrap();
+        let keys: Vec<PathBuf> = (1..=2)
+            .map(|i| std::env::temp_dir().join(weft_tests::unique(&format!("weft-wgkey-{i}-"))))
+            .collect();
+        for (i, k) in (1..=2).zip(&keys) {
+            c.add_node(i, &["--wireguard-key-file", k.to_str().unwrap()])
+                .unwrap();
+        }
+        for (i, n) in c.nodes.iter().enumerate() {
+            let other = &c.nodes[1 - i];
+            for (dev, endpoint_end, allowed) in &devices {
+                eventually(&format!("node {i} has its peer on {dev}"), T, || {
+                    let peers = wg_peers(&n.node.ns, dev);
+                    (peers.len() == 1
+                        && peers[0].1.ends_with(endpoint_end)
+                        && peers[0].2.contains(allowed)
+                        && (mode != "ipv6" || peers[0].1.contains(&other.ip6.to_string())))
+                    .then_some(())
+                });
+            }
+        }
+        // The lease as flannel writes it: one key for both families, each
+        // with its port.
+        let v = c
+            .etcd
+            .etcdctl(&[
+                "get",
+                "--print-value-only",
+                &format!("{PREFIX}/subnets/{}", c.nodes[0].subnets.key()),
+            ])
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(v.trim()).unwrap();
+        assert_eq!(v["BackendType"], "wireguard", "{v}");
+        assert_eq!(
+            v["BackendData"]["PublicKey"], v["BackendV6Data"]["PublicKey"],
+            "{v}"
+        );
+        assert_eq!(
+            (&v["BackendData"]["Port"], &v["BackendV6Data"]["Port"]),
+            (&51820.into(), &51821.into()),
+            "{v}"
+        );
+        let failed = c.unreachable_pairs();
+        assert!(failed.is_empty(), "Mode {mode}: unreachable: {failed:?}");
+        for k in &keys {
+            let _ = std::fs::remove_file(k);
+        }
     }
 }
