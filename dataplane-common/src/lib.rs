@@ -81,6 +81,13 @@ pub mod program_names {
     /// decapsulated (fragments the programs on the uplink passed) gets the
     /// same checks.
     pub const TUNNEL_RX: &str = "weft_tunnel_rx";
+    /// The wireguard backend: TC ingress on each WireGuard device; a
+    /// decrypted packet for a local pod goes straight into the pod.
+    pub const FROM_WG: &str = "weft_from_wg";
+    /// The wireguard backend: on each pod's host-side veth (TC ingress) in
+    /// place of `FROM_POD`; a pod's packet to a remote pod goes straight to
+    /// the WireGuard device.
+    pub const FROM_POD_WG: &str = "weft_from_pod_wg";
 }
 
 /// Capacity of the endpoint map: pods on one node.
@@ -290,6 +297,16 @@ pub const CONFIG_F_KERNEL_RX: u32 = 64;
 /// gets the smaller of the uplink's MTU and [`DEFAULT_PATH_MTU`]. Adding it
 /// changed no existing map, so older programs (a rollback) ignore it.
 pub const CONFIG_F_PATH_MTU: u32 = 128;
+
+/// The wireguard backend: the kernel's WireGuard devices carry the overlay
+/// and the programs only shorten the way to and from them. A pod's packet
+/// to a remote pod (a subnet in `WEFT_PEERS`/`WEFT_PEERS6`) goes from its
+/// veth straight to the device of its family, whose index and MTU are then
+/// `uplink_ifindex` and `uplink_mtu` (IPv4) and `overlay6_ifindex` and
+/// `overlay6_mtu` (IPv6); `weft_from_wg` puts decrypted packets for local
+/// pods straight into them. No program encapsulates or decapsulates VXLAN.
+/// Adding it changed no existing map.
+pub const CONFIG_F_WIREGUARD: u32 = 256;
 
 /// The path MTU a peer not yet measured is given (outer IPv4 packet,
 /// header included), where the uplink's is larger.

@@ -13,7 +13,8 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_SOURCE_CHECK,
-    DataplaneConfig, Endpoint, POD_IF_V4, POD_IF_V6, PodIf, Reason, VTEP_F_DIRECT, Vtep,
+    CONFIG_F_WIREGUARD, DataplaneConfig, Endpoint, POD_IF_V4, POD_IF_V6, PodIf, Reason,
+    VTEP_F_DIRECT, Vtep,
 };
 
 use crate::{
@@ -44,7 +45,12 @@ pub(crate) fn from_pod(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i3
         reason: Reason::Passed,
         bytes: len,
     };
-    if cfg.flags & (CONFIG_F_BYPASS | CONFIG_F_SOURCE_CHECK) == 0 {
+    // The wireguard backend's pods have `weft_from_pod_wg`; this one never
+    // encapsulates for it (a netkit pod the plugin attached it to before
+    // the agent swapped the program).
+    if cfg.flags & (CONFIG_F_BYPASS | CONFIG_F_SOURCE_CHECK) == 0
+        || cfg.flags & CONFIG_F_WIREGUARD != 0
+    {
         return Ok(pass);
     }
     let Ok((data, end)) = linear(ctx, ETH_LEN + IPV6_LEN) else {
@@ -312,7 +318,7 @@ pub(crate) fn into_pod(
 /// The conntrack gate, for an IP packet at `at` whose transport header
 /// follows its fixed header (anything else takes the stack).
 #[inline(always)]
-fn gate<F: Family>(
+pub(crate) fn gate<F: Family>(
     ctx: &TcContext,
     cfg: &DataplaneConfig,
     data: usize,
@@ -335,7 +341,13 @@ fn gate<F: Family>(
 /// (its size, the IPv4 header and the TCP or UDP header). None for a GSO
 /// packet whose headers are out of reach or of another kind.
 #[inline(always)]
-fn outer_segment(ctx: &TcContext, data: usize, end: usize, len: u32, ip: &Ipv4Hdr) -> Option<u32> {
+pub(crate) fn outer_segment(
+    ctx: &TcContext,
+    data: usize,
+    end: usize,
+    len: u32,
+    ip: &Ipv4Hdr,
+) -> Option<u32> {
     // SAFETY: reading a field of the context's own sk_buff.
     let gso_size = unsafe { (*ctx.skb.skb).gso_size };
     if gso_size == 0 {
@@ -371,7 +383,7 @@ fn transport(data: usize, end: usize, l4: usize, proto: u8) -> Option<((u16, u16
 }
 
 /// What the source of a pod's packet is, seen from the veth it came from.
-enum Source {
+pub(crate) enum Source {
     /// The address of the pod behind this veth: the fast path may take it.
     Endpoint,
     /// Another local pod's address, one of the node's pod subnets that is
@@ -396,7 +408,7 @@ fn pod_if(ctx: &TcContext) -> Option<PodIf> {
 }
 
 #[inline(always)]
-fn source4(ctx: &TcContext, cfg: &DataplaneConfig, saddr: u32) -> Source {
+pub(crate) fn source4(ctx: &TcContext, cfg: &DataplaneConfig, saddr: u32) -> Source {
     // An unknown veth (the agent is programming it): the stack decides.
     let Some(pod) = pod_if(ctx) else {
         return Source::Other;
@@ -415,7 +427,7 @@ fn source4(ctx: &TcContext, cfg: &DataplaneConfig, saddr: u32) -> Source {
 }
 
 #[inline(always)]
-fn source6(ctx: &TcContext, cfg: &DataplaneConfig, saddr: &[u8; 16]) -> Source {
+pub(crate) fn source6(ctx: &TcContext, cfg: &DataplaneConfig, saddr: &[u8; 16]) -> Source {
     let Some(pod) = pod_if(ctx) else {
         return Source::Other;
     };
@@ -433,7 +445,7 @@ fn source6(ctx: &TcContext, cfg: &DataplaneConfig, saddr: &[u8; 16]) -> Source {
 
 /// Decrements the TTL of the IPv4 header at `off`, updating its checksum.
 #[inline(always)]
-fn dec_ttl(data: usize, end: usize, off: usize) -> bool {
+pub(crate) fn dec_ttl(data: usize, end: usize, off: usize) -> bool {
     let (Some(w), Some(csum)) = (
         read::<[u8; 2]>(data, end, off + 8),
         read::<u16>(data, end, off + 10),

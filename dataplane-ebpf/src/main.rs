@@ -19,6 +19,7 @@ mod packet;
 mod strip;
 mod trace;
 mod verdict;
+mod wireguard;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
@@ -140,6 +141,43 @@ fn weft_deliver(ctx: TcContext) -> i32 {
             action
         }
         None => TC_ACT_OK,
+    }
+}
+
+/// The wireguard backend, transmit: TC ingress on the host side of each
+/// pod's veth (in place of `weft_from_pod`).
+#[classifier]
+fn weft_from_pod_wg(ctx: TcContext) -> i32 {
+    tc(
+        &ctx,
+        Unconfigured::Pass,
+        Extras::Untraced,
+        wireguard::from_pod,
+    )
+}
+
+/// The wireguard backend, receive: TC ingress on a WireGuard device. A
+/// decrypted packet for a local pod goes straight into the pod; the rest
+/// pass on to the host stack, counted as passed.
+#[classifier]
+fn weft_from_wg(ctx: TcContext) -> i32 {
+    let Some(cfg) = config() else {
+        return TC_ACT_OK;
+    };
+    let len = ctx.len();
+    match wireguard::receive(&ctx, cfg) {
+        Ok(Some(action)) => {
+            count(Reason::DecapBypass, len);
+            action
+        }
+        Ok(None) => {
+            count(Reason::Passed, len);
+            TC_ACT_OK
+        }
+        Err(()) => {
+            count(Reason::DropError, len);
+            TC_ACT_SHOT
+        }
     }
 }
 
