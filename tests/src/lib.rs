@@ -23,6 +23,7 @@ pub mod ports;
 pub mod proc;
 pub mod traffic;
 pub mod weft_cluster;
+pub mod wg;
 
 /// A name unique to this test process: `<prefix><pid%10000><n>`, short
 /// enough for an interface name (15 bytes) when the prefix is short.

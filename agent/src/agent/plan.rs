@@ -187,6 +187,9 @@ impl NodePlan {
                     network6: config.ipv6_network(),
                     masquerade: args.ip_masq.then_some(!args.ip_masq_fully_random_disable),
                     forward_rules: args.iptables_forward_rules,
+                    host_routing: args.host_routing,
+                    pins: PinDir::new(&args.pins.bpffs_dir),
+                    max_peers: args.max_peers,
                 }),
             };
             return Ok(Self {

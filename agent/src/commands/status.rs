@@ -24,11 +24,23 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
     let (pins, state, etcd) = (&node.pins, &node.state, &node.etcd);
     let subnet_path: &Path = &node.subnet_file;
     let dir = PinDir::new(&pins.bpffs_dir);
-    // The wireguard backend has no maps: its devices say it all.
+    // The wireguard backend: its devices, and host routing's programs
+    // where they run (`CONFIG_F_WIREGUARD`; `legacy`: no maps).
     let wireguard = crate::dataplane::wireguard::devices_here()?;
-    if !wireguard.is_empty() && PeerMaps::open(&dir).is_err() {
+    let wg_maps = PeerMaps::open(&dir)
+        .and_then(|m| m.config())
+        .map(|c| c.flags & dataplane_common::CONFIG_F_WIREGUARD != 0);
+    if !wireguard.is_empty() && !matches!(wg_maps, Ok(false)) {
+        let fast = match wg_maps {
+            Ok(_) => Some(super::status_wireguard::FastView {
+                counters: Counters::open(&dir)?.all()?,
+                endpoints: EndpointMap::open(&dir)?.all()?.len(),
+            }),
+            Err(_) => None,
+        };
         return super::status_wireguard::print(
             &wireguard,
+            fast,
             lease::read_subnet(&node.subnet_file).ok().flatten(),
             report::read(&state.state_dir),
             json_out,

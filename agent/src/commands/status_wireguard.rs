@@ -11,8 +11,25 @@ use crate::{
 };
 
 /// Prints the status of the wireguard backend's `devices`.
+/// Host routing into and out of the devices, where it runs.
+pub(crate) struct FastView {
+    pub counters: Vec<(dataplane_common::Reason, dataplane_common::Counter)>,
+    /// Local pods in the endpoint map.
+    pub endpoints: usize,
+}
+
+impl FastView {
+    fn packets(&self, r: dataplane_common::Reason) -> u64 {
+        self.counters
+            .iter()
+            .find(|(x, _)| *x == r)
+            .map_or(0, |(_, c)| c.packets)
+    }
+}
+
 pub(crate) fn print(
     devices: &[DeviceView],
+    fast: Option<FastView>,
     subnet: Option<lease::Subnets>,
     agent: Option<report::Report>,
     json_out: bool,
@@ -35,6 +52,12 @@ pub(crate) fn print(
                     "tx_bytes": p.tx_bytes,
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
+            "host_routing": fast.as_ref().map(|f| json!({
+                "endpoints": f.endpoints,
+                "sent_packets": f.packets(dataplane_common::Reason::EncapBypass),
+                "delivered_packets": f.packets(dataplane_common::Reason::DecapBypass),
+                "passed_packets": f.packets(dataplane_common::Reason::Passed),
+            })),
             "agent": agent,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -69,6 +92,16 @@ pub(crate) fn print(
                 p.tx_bytes,
             );
         }
+    }
+    match &fast {
+        Some(f) => println!(
+            "\nHost routing: {} local pod(s); {} packet(s) sent straight to WireGuard, {} delivered straight from it, {} passed to the host stack",
+            f.endpoints,
+            f.packets(dataplane_common::Reason::EncapBypass),
+            f.packets(dataplane_common::Reason::DecapBypass),
+            f.packets(dataplane_common::Reason::Passed),
+        ),
+        None => println!("\nHost routing: off (legacy): every packet takes the host stack"),
     }
     if let Some(r) = agent {
         println!("\nAgent");

@@ -186,8 +186,10 @@ fn pod_hook(link: &Link) -> Hook {
     }
 }
 
-#[derive(Default)]
 pub(crate) struct Endpoints {
+    /// The transmit program on pods' devices: `weft_from_pod`, or the
+    /// wireguard backend's `weft_from_pod_wg`.
+    program: &'static str,
     /// The pod devices whose transmit program this run attached (index ->
     /// name and hook).
     attached: HashMap<u32, (String, Hook)>,
@@ -195,7 +197,22 @@ pub(crate) struct Endpoints {
     reported: BTreeMap<String, String>,
 }
 
+impl Default for Endpoints {
+    fn default() -> Self {
+        Self::with_program(program_names::FROM_POD)
+    }
+}
+
 impl Endpoints {
+    /// Endpoints whose pods' devices get `program`.
+    pub(crate) fn with_program(program: &'static str) -> Self {
+        Self {
+            program,
+            attached: HashMap::new(),
+            reported: BTreeMap::new(),
+        }
+    }
+
     /// Makes the pinned maps and the veths' programs exactly what the fit
     /// registrations in `want` ask for.
     pub(crate) async fn sync(
@@ -269,7 +286,7 @@ impl Endpoints {
             if self.attached.contains_key(ifindex) {
                 continue;
             }
-            match loaded.attach_tc(program_names::FROM_POD, name, *hook) {
+            match loaded.attach_tc(self.program, name, *hook) {
                 Ok(a) => {
                     tracing::debug!(device = %name, hook = hook.name(), adopted = a.adopted, "host routing on a pod's device");
                     self.attached.insert(*ifindex, (name.to_string(), *hook));
@@ -333,7 +350,7 @@ impl Endpoints {
                 continue;
             }
             let a = Attachment {
-                program: program_names::FROM_POD,
+                program: self.program,
                 iface: name.clone(),
                 hook: *hook,
                 xdp_mode: None,
@@ -343,9 +360,7 @@ impl Endpoints {
                 if attached {
                     Ok(false)
                 } else {
-                    loaded
-                        .attach_tc(program_names::FROM_POD, name, *hook)
-                        .map(|_| true)
+                    loaded.attach_tc(self.program, name, *hook).map(|_| true)
                 }
             });
             match r {

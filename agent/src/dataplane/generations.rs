@@ -38,7 +38,7 @@ use super::{
 };
 
 /// Every program of the object, by name; `true` for the XDP one.
-const ALL: [(&str, bool); 7] = [
+const ALL: [(&str, bool); 9] = [
     (program_names::ENCAP, false),
     (program_names::ENCAP6, false),
     (program_names::TUNNEL_RX, false),
@@ -46,6 +46,8 @@ const ALL: [(&str, bool); 7] = [
     (program_names::DECAP_TC, false),
     (program_names::FROM_POD, false),
     (program_names::DELIVER, false),
+    (program_names::FROM_WG, false),
+    (program_names::FROM_POD_WG, false),
 ];
 
 const CURRENT: &str = "programs";

@@ -257,6 +257,7 @@ impl Dataplane {
                 spec,
                 overlay: Some(o),
             } if spec.host_routing != HostRouting::Legacy => o.sync_endpoints(want).await,
+            Kind::Wireguard { wg: Some(w), .. } => w.sync_endpoints(want).await,
             _ => Ok(EndpointSync::default()),
         }
     }
@@ -267,6 +268,7 @@ impl Dataplane {
             Kind::Ebpf {
                 overlay: Some(o), ..
             } => o.attachments(),
+            Kind::Wireguard { wg: Some(w), .. } => w.attachments(),
             _ => &[],
         }
     }
@@ -401,6 +403,7 @@ impl Dataplane {
             Kind::Ebpf {
                 overlay: Some(o), ..
             } => Some(o.liberal()),
+            Kind::Wireguard { wg: Some(w), .. } => w.liberal(),
             _ => None,
         }
     }
@@ -420,6 +423,7 @@ impl Dataplane {
             Kind::Ebpf {
                 overlay: Some(o), ..
             } => Some(o.counters()),
+            Kind::Wireguard { wg: Some(w), .. } => w.counters(),
             _ => None,
         }
     }

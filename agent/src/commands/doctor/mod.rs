@@ -49,9 +49,12 @@ pub(crate) async fn doctor(a: DoctorArgs<'_>) -> Result<()> {
         agent.as_ref().and_then(|r| r.pid),
     );
     let dir = PinDir::new(&a.node.pins.bpffs_dir);
-    // The wireguard backend has no maps: its devices are what to check.
+    // The wireguard backend: its devices are what to check.
     let wg = crate::dataplane::wireguard::devices_here()?;
-    if !wg.is_empty() && PeerMaps::open(&dir).is_err() {
+    let wg_maps = PeerMaps::open(&dir)
+        .and_then(|m| m.config())
+        .map(|c| c.flags & dataplane_common::CONFIG_F_WIREGUARD != 0);
+    if !wg.is_empty() && !matches!(wg_maps, Ok(false)) {
         wireguard::check(&mut f, &wg);
         return f.finish();
     }

@@ -15,6 +15,7 @@
 //!   so a restart drops no packet; peers whose leases went while the agent
 //!   was away go at the first complete sync.
 
+mod fastpath;
 mod genl;
 pub mod key_file;
 
@@ -27,10 +28,13 @@ use std::{
 use anyhow::{Context as _, Result};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use self::genl::{PeerConfig, WgNetlink};
 pub use self::key_file::{DEFAULT_KEY_FILE, PrivateKey};
+use self::{
+    fastpath::{FastDevice, FastPath},
+    genl::{PeerConfig, WgNetlink},
+};
 use super::{
-    Healed, Peer, PeerUpdate, host,
+    Healed, HostRouting, Peer, PeerUpdate, PinDir, host,
     netfilter::{self, NetfilterSpec},
     netlink::{Netlink, Route},
 };
@@ -58,6 +62,11 @@ pub struct WgSpec {
     /// fully random ports).
     pub masquerade: Option<bool>,
     pub forward_rules: bool,
+    /// Host routing into and out of the devices (`legacy`: none, no
+    /// programs), and where its programs and maps are pinned.
+    pub host_routing: HostRouting,
+    pub pins: PinDir,
+    pub max_peers: u32,
 }
 
 /// One device and the families it carries.
@@ -151,6 +160,8 @@ pub(crate) struct WgOverlay {
     dirty: bool,
     /// The peer set has been complete once: peers not in it may go.
     synced: bool,
+    /// Host routing's programs (None: `--host-routing legacy`).
+    fast: Option<FastPath>,
 }
 
 impl WgOverlay {
@@ -202,13 +213,71 @@ impl WgOverlay {
             peers: HashMap::new(),
             dirty: false,
             synced: false,
+            fast: None,
         };
         let nl = Netlink::new()?;
         for i in 0..o.devices.len() {
             o.ensure_device(&nl, i).await?;
         }
+        if o.spec.host_routing != HostRouting::Legacy {
+            o.fast = Some(FastPath::setup(
+                &o.spec.pins,
+                &o.spec.state_dir,
+                o.spec.host_routing,
+                o.spec.max_peers,
+                &o.subnets,
+                &o.fast_devices(),
+            )?);
+        }
         netfilter::apply(&o.netfilter())?;
         Ok(o)
+    }
+
+    /// The devices as host routing's programs use them.
+    fn fast_devices(&self) -> Vec<FastDevice> {
+        self.devices
+            .iter()
+            .map(|d| FastDevice {
+                name: d.name,
+                index: d.index,
+                mtu: self.mtu(),
+                v4: d.v4,
+                v6: d.v6,
+            })
+            .collect()
+    }
+
+    /// Names of the node's own devices (never a pod's).
+    fn not_pods(&self) -> Vec<String> {
+        let mut v: Vec<String> = [DEVICE, DEVICE6].iter().map(|s| s.to_string()).collect();
+        v.push(self.spec.uplink.clone());
+        v
+    }
+
+    /// Makes the local pods host routing reaches match the registered
+    /// endpoints `want` (nothing under `legacy`).
+    pub(crate) async fn sync_endpoints(
+        &mut self,
+        want: &[super::EndpointSpec],
+    ) -> Result<super::EndpointSync> {
+        let not_pods = self.not_pods();
+        match &mut self.fast {
+            Some(f) => f.sync_endpoints(want, self.subnets, &not_pods).await,
+            None => Ok(super::EndpointSync::default()),
+        }
+    }
+
+    /// The programs' counters (host routing on).
+    pub(crate) fn counters(&self) -> Option<std::sync::Arc<super::Counters>> {
+        self.fast.as_ref().map(FastPath::counters)
+    }
+
+    pub(crate) fn liberal(&self) -> Option<std::sync::Arc<super::LiberalStats>> {
+        self.fast.as_ref().map(FastPath::liberal)
+    }
+
+    pub(crate) fn attachments(&self) -> &[super::Attachment] {
+        self.fast.as_ref().map_or(&[], FastPath::attachments)
     }
 
     fn netfilter(&self) -> NetfilterSpec {
@@ -217,7 +286,8 @@ impl WgOverlay {
             subnet: self.subnets.v4,
             network6: self.spec.network6,
             subnet6: self.subnets.v6,
-            track: false,
+            // The gate asks conntrack: make sure it tracks here.
+            track: self.fast.as_ref().is_some_and(FastPath::gated),
             masquerade: self.spec.masquerade,
             forward_rules: self.spec.forward_rules,
             clamp_mss: false,
@@ -313,6 +383,10 @@ impl WgOverlay {
         for d in self.devices.clone() {
             self.address_and_routes(&nl, &d).await?;
         }
+        let devices = self.fast_devices();
+        if let Some(f) = &mut self.fast {
+            f.write_config(&subnets, &devices)?;
+        }
         netfilter::apply(&self.netfilter())
     }
 
@@ -369,8 +443,26 @@ impl WgOverlay {
 
     /// Applies peer changes: only the keys they touch are written, so
     /// other peers' sessions are never disturbed.
+    ///
+    /// Host routing's maps follow the devices: a removed peer leaves them
+    /// before it leaves the devices, a new one enters them after.
     pub(crate) async fn apply_batch(&mut self, updates: &[PeerUpdate]) -> Result<()> {
         let mut keys = BTreeSet::new();
+        let removed: Vec<IpNet> = updates
+            .iter()
+            .filter_map(|u| match u {
+                PeerUpdate::Remove(s) => Some(*s),
+                PeerUpdate::Upsert(p)
+                    if self.peers.get(&p.subnet).is_some_and(|o| o.key != p.key) =>
+                {
+                    Some(p.subnet)
+                }
+                PeerUpdate::Upsert(_) => None,
+            })
+            .collect();
+        if let Some(f) = &mut self.fast {
+            f.remove(&removed)?;
+        }
         for u in updates {
             match u {
                 PeerUpdate::Upsert(p) => {
@@ -399,7 +491,18 @@ impl WgOverlay {
         if r.is_err() {
             self.dirty = true;
         }
-        r
+        r?;
+        let added: Vec<Peer> = updates
+            .iter()
+            .filter_map(|u| match u {
+                PeerUpdate::Upsert(p) => self.peers.get(&p.subnet).copied(),
+                PeerUpdate::Remove(_) => None,
+            })
+            .collect();
+        if let Some(f) = &mut self.fast {
+            f.upsert(&added)?;
+        }
+        Ok(())
     }
 
     /// Writes the peers of `keys` on every device: set where wanted,
@@ -467,7 +570,11 @@ impl WgOverlay {
     pub(crate) async fn retain(&mut self, peers: &HashSet<IpNet>) -> Result<usize> {
         self.peers.retain(|s, _| peers.contains(s));
         self.synced = true;
-        self.reconcile()
+        let removed = self.reconcile()?;
+        if let Some(f) = &mut self.fast {
+            f.retain(&self.peers)?;
+        }
+        Ok(removed)
     }
 
     /// Puts back what something else removed: a device (with its peers),
@@ -500,7 +607,19 @@ impl WgOverlay {
         }
         if self.dirty && self.synced {
             self.reconcile()?;
+            if let Some(f) = &mut self.fast {
+                f.retain(&self.peers)?;
+            }
             h.repairs.push("peers");
+        }
+        // The programs' config names the devices (a recreated one has a
+        // new index); their links go with a device.
+        let (devices, subnets) = (self.fast_devices(), self.subnets);
+        if let Some(f) = &mut self.fast {
+            f.write_config(&subnets, &devices)?;
+            if f.heal(&devices)? {
+                h.repairs.push("programs");
+            }
         }
         h.repairs.extend(netfilter::heal(&self.netfilter())?);
         Ok(h)
