@@ -133,6 +133,31 @@ pub fn run_overlay(
     setup: Setup,
     f: impl AsyncFnOnce(&mut Dataplane) -> Result<()> + Send + 'static,
 ) -> Result<Running> {
+    let subnets = Subnets {
+        v4: Some(setup.subnet),
+        v6: setup.subnet6,
+    };
+    run_dataplane(node, Dataplane::ebpf(setup.spec), subnets, f)
+}
+
+/// As [`run_overlay`], for the wireguard backend's dataplane.
+pub fn run_wireguard(
+    node: &Node,
+    spec: weft::dataplane::wireguard::WgSpec,
+    subnets: Subnets,
+    f: impl AsyncFnOnce(&mut Dataplane) -> Result<()> + Send + 'static,
+) -> Result<Running> {
+    run_dataplane(node, Dataplane::wireguard(spec), subnets, f)
+}
+
+/// Brings dataplane `d` up around `subnets` in the node's namespace, runs
+/// `f` on it, and keeps it running until the returned handle drops.
+fn run_dataplane(
+    node: &Node,
+    mut d: Dataplane,
+    subnets: Subnets,
+    f: impl AsyncFnOnce(&mut Dataplane) -> Result<()> + Send + 'static,
+) -> Result<Running> {
     let file = std::fs::File::open(node.ns.path())?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
@@ -157,14 +182,11 @@ pub fn run_overlay(
             }
         };
         rt.block_on(async move {
-            let mut o = match up(setup).await {
-                Ok(o) => o,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let r = f(&mut o).await;
+            if let Err(e) = d.set_subnet(subnets).await {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+            let r = f(&mut d).await;
             let ok = r.is_ok();
             let _ = ready_tx.send(r);
             if ok {
@@ -175,7 +197,7 @@ pub fn run_overlay(
     });
     ready_rx
         .recv()
-        .map_err(|_| anyhow::anyhow!("the overlay thread died"))??;
+        .map_err(|_| anyhow::anyhow!("the dataplane thread died"))??;
     Ok(Running {
         stop: Some(stop_tx),
         thread: Some(thread),

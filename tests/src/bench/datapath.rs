@@ -1,5 +1,5 @@
 //! `cargo xtask bench datapath [--json FILE] [--rounds N] [--seconds S]
-//! [--configs route,kernel_vxlan,weft,weft_legacy,weft_unreg,weft_bpf,weft_xdp,weft_rps,weft_nopmtu,weft_netkit]`
+//! [--configs route,kernel_vxlan,weft,weft_legacy,weft_unreg,weft_bpf,weft_xdp,weft_rps,weft_nopmtu,weft_netkit,kernel_wireguard,weft_wireguard]`
 //!
 //! One topology, two nodes joined by a veth pair (the underlay), one pod on
 //! each node attached by the CNI plugins (bridge + host-local, as flannel's
@@ -27,7 +27,12 @@
 //!   what its lookup costs), `weft_netkit` (`weft` with the pods on netkit
 //!   pairs made by Weft's standalone plugin, `"podDevice": "netkit"`: the
 //!   transmit program runs in the pod's own transmit; needs a kernel with
-//!   netkit, `cargo xtask vm-bench -- datapath --configs ...`).
+//!   netkit, `cargo xtask vm-bench -- datapath --configs ...`);
+//!   `kernel_wireguard` (flannel's wireguard backend: `flannel-wg` and
+//!   `flannel-wg-v6` set up with `wg` as flannel sets them up, pods routed
+//!   to them through the bridge; MTU 1420) and `weft_wireguard` (Weft's
+//!   wireguard backend with host routing into and out of the devices);
+//!   both need a kernel with WireGuard (`cargo xtask vm-bench`).
 //!
 //! Metrics: `tcp_gbps` (1 stream), `tcp4_gbps` (4 streams: four iperf3
 //! clients at once, because iperf3 before 3.16 runs all the streams of
@@ -66,7 +71,7 @@ use crate::{
     pins::TestPins,
 };
 
-const CONFIGS: [&str; 10] = [
+const CONFIGS: [&str; 12] = [
     "route",
     "kernel_vxlan",
     "weft",
@@ -77,12 +82,14 @@ const CONFIGS: [&str; 10] = [
     "weft_rps",
     "weft_nopmtu",
     "weft_netkit",
+    "kernel_wireguard",
+    "weft_wireguard",
 ];
 
 /// The goals on the ratio of medians, a Weft configuration against a
 /// baseline: (metric, configuration, baseline, goal, whether higher is
 /// better).
-const GOALS: [(&str, &str, &str, f64, bool); 18] = [
+const GOALS: [(&str, &str, &str, f64, bool); 20] = [
     ("tcp_gbps", "weft", "kernel_vxlan", 1.10, true),
     ("tcp_gbps", "weft", "route", 0.95, true),
     ("tcp4_gbps", "weft", "kernel_vxlan", 1.10, true),
@@ -105,6 +112,16 @@ const GOALS: [(&str, &str, &str, f64, bool); 18] = [
     ("tcp_gbps", "weft_netkit", "route", 1.00, true),
     ("cpu_s_per_gb", "weft_netkit", "weft", 0.90, false),
     ("crr_per_s", "weft_netkit", "weft", 1.10, true),
+    // The wireguard backend against flannel's (the kernel's device, pods
+    // routed to it through the bridge; judged with KVM only).
+    ("tcp_gbps", "weft_wireguard", "kernel_wireguard", 1.05, true),
+    (
+        "cpu_s_per_gb",
+        "weft_wireguard",
+        "kernel_wireguard",
+        0.90,
+        false,
+    ),
 ];
 
 const METRICS: [&str; 12] = [
@@ -278,7 +295,12 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
     // IPv4 compares at one MTU; over IPv6 both overlay devices carry 1430
     // and path MTU discovery brings both configurations' flows down to it
     // alike (a Weft dual-stack node's subnet.env says 1430 from the start).
-    let mtu = if cfg == "route" { 1500 } else { 1450 };
+    // WireGuard's overlay MTU is flannel's for that backend: 80 less.
+    let mtu = match cfg {
+        "route" => 1500,
+        "kernel_wireguard" | "weft_wireguard" => 1420,
+        _ => 1450,
+    };
     if !cfg.starts_with("weft") {
         for n in nodes.iter_mut() {
             n.cni = Some(dual_net(n, mtu));
@@ -326,6 +348,106 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
                 flannel_peer(&nodes[a], subnet_of(o), nodes[b].ip, macs[b])?;
                 flannel_peer6(&nodes[a], subnet6_of(o), underlay6(o), macs6[b])?;
             }
+        }
+        "kernel_wireguard" => {
+            let keys = [WgKeyFile::new()?, WgKeyFile::new()?];
+            for (n, k) in nodes.iter().zip(&keys) {
+                crate::wg::kernel_devices(
+                    n,
+                    &k.path,
+                    mtu,
+                    subnet_of(n.index),
+                    Some(subnet6_of(n.index)),
+                )?;
+            }
+            for (a, b) in [(0, 1), (1, 0)] {
+                let o = &nodes[b];
+                crate::wg::kernel_peer(
+                    &nodes[a],
+                    &keys[b].public,
+                    (o.ip, subnet_of(o.index)),
+                    Some((underlay6(o.index), subnet6_of(o.index))),
+                )?;
+            }
+        }
+        "weft_wireguard" => {
+            let keys = [WgKeyFile::new()?, WgKeyFile::new()?];
+            let routing = if crate::conntrack_kfuncs() {
+                HostRouting::Auto
+            } else {
+                eprintln!("  no conntrack kfuncs here: {cfg} runs with --host-routing bpf");
+                HostRouting::Bpf
+            };
+            let pins = vec![TestPins::new(), TestPins::new()];
+            for (a, n) in nodes.iter_mut().enumerate() {
+                let o_index = 2 - a as u8;
+                let o_ip = Ipv4Addr::new(198, 18, 0, o_index);
+                let mut net = dual_net(n, mtu);
+                crate::cni::chain_weft(&mut net, &pins[a].state_dir());
+                n.cni = Some(net);
+                n.add_pod()?;
+                let spec = weft::dataplane::wireguard::WgSpec {
+                    config: weft::lease::WireguardConfig {
+                        listen_port: crate::wg::PORT,
+                        listen_port_v6: crate::wg::PORT6,
+                        psk: None,
+                        keepalive: 0,
+                        mode: weft::lease::WgMode::Separate,
+                    },
+                    key: weft::dataplane::wireguard::PrivateKey::load_or_create(&keys[a].path)?,
+                    underlay_mtu: 1500,
+                    uplink: "eth0".into(),
+                    state_dir: pins[a].state_dir(),
+                    network: Some("10.244.0.0/16".parse()?),
+                    network6: Some("fd00:10:244::/56".parse()?),
+                    masquerade: None,
+                    forward_rules: true,
+                    host_routing: routing,
+                    pins: pins[a].pins().clone(),
+                    max_peers: dataplane_common::MAX_PEERS,
+                };
+                let key: weft::wgkey::WgKey =
+                    keys[1 - a].public.parse().map_err(anyhow::Error::msg)?;
+                let peers = [
+                    weft::dataplane::Peer {
+                        key: Some(key),
+                        ..weft::dataplane::Peer::v4(
+                            subnet_of(o_index),
+                            o_ip,
+                            weft::mac::MacAddr([0; 6]),
+                        )
+                    },
+                    weft::dataplane::Peer {
+                        key: Some(key),
+                        ..weft::dataplane::Peer::v6(
+                            subnet6_of(o_index),
+                            underlay6(o_index),
+                            weft::mac::MacAddr([0; 6]),
+                        )
+                    },
+                ];
+                let subnets = weft::lease::Subnets {
+                    v4: Some(subnet_of(n.index)),
+                    v6: Some(subnet6_of(n.index)),
+                };
+                let state = pins[a].state_dir();
+                running.push(crate::overlay::run_wireguard(
+                    n,
+                    spec,
+                    subnets,
+                    async move |o| {
+                        let updates: Vec<weft::dataplane::PeerUpdate> = peers
+                            .into_iter()
+                            .map(weft::dataplane::PeerUpdate::Upsert)
+                            .collect();
+                        o.apply(&updates).await?;
+                        o.sync_endpoints(&weft::endpoint_records(&state))
+                            .await
+                            .map(drop)
+                    },
+                )?);
+            }
+            weft_pins = pins;
         }
         "weft" | "weft_rps" | "weft_bpf" | "weft_legacy" | "weft_xdp" | "weft_unreg"
         | "weft_nopmtu" | "weft_netkit" => {
@@ -639,15 +761,45 @@ fn cpu_per_gb(client: &Netns, ip: Ipv4Addr, secs: u64) -> Result<f64> {
     Ok(cpu.max(0.0) / (bytes / 1e9))
 }
 
-/// (fast path, host stack) packets sent by the first node's programs.
+/// (fast path, host stack) packets sent by the first node's programs
+/// (the wireguard backend: what its programs passed to the stack, which
+/// counts what they received too).
 fn fast_path_share(pins: &[TestPins]) -> Option<(u64, u64)> {
     use dataplane_common::Reason;
     let c = weft::dataplane::Counters::open(pins.first()?.pins()).ok()?;
     let n = |r| c.get(r).map(|c| c.packets).unwrap_or(0);
+    let wireguard = weft::dataplane::PeerMaps::open(pins.first()?.pins())
+        .and_then(|m| m.config())
+        .is_ok_and(|c| c.flags & dataplane_common::CONFIG_F_WIREGUARD != 0);
     Some((
         n(Reason::EncapBypass) + n(Reason::DirectTx),
-        n(Reason::Encapsulated),
+        if wireguard {
+            n(Reason::Passed)
+        } else {
+            n(Reason::Encapsulated)
+        },
     ))
+}
+
+/// A WireGuard private key in a file of its own (removed when dropped),
+/// and its public key.
+struct WgKeyFile {
+    path: std::path::PathBuf,
+    public: String,
+}
+
+impl WgKeyFile {
+    fn new() -> Result<Self> {
+        let path = std::env::temp_dir().join(crate::unique("weft-bench-wgkey-"));
+        let public = crate::wg::genkey(&path)?;
+        Ok(Self { path, public })
+    }
+}
+
+impl Drop for WgKeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Two nodes joined directly by a veth pair, 198.18.0.1 and .2.
