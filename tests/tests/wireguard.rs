@@ -451,6 +451,8 @@ fn weft_and_flannel_nodes_share_one_encrypted_network_over_wireguard() {
     let to_weft = ping_run(&a.ns, b.ip, count);
     let to_flannel = ping_run(&a.ns, fp.ip, count);
     std::thread::sleep(Duration::from_secs(1));
+    let peer_writes = |c: &WeftCluster| c.nodes[0].agent.log().matches(" WireGuard peer ").count();
+    let writes = peer_writes(&c);
     c.nodes[0].agent.restart().unwrap();
     c.nodes[0]
         .agent
@@ -477,6 +479,13 @@ fn weft_and_flannel_nodes_share_one_encrypted_network_over_wireguard() {
         "the key changed across the restart"
     );
     assert_eq!(wg_peers(&c.nodes[0].node.ns, "flannel-wg").len(), 2);
+    // The adopted peers were not written again (a write replaces a peer's
+    // allowed IPs, and for that moment its subnet has no peer).
+    assert_eq!(
+        peer_writes(&c),
+        writes,
+        "the restarted agent wrote peers the device already had"
+    );
     for k in &keys {
         let _ = std::fs::remove_file(k);
     }

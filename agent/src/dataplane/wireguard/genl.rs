@@ -41,6 +41,8 @@ pub(crate) struct PeerState {
     pub rx_bytes: u64,
     pub tx_bytes: u64,
     pub keepalive: u16,
+    /// The pre-shared key (None: none).
+    pub psk: Option<WgKey>,
 }
 
 /// A device as the kernel reports it.
@@ -308,6 +310,7 @@ fn peer_state(p: &WireguardPeer) -> Option<PeerState> {
         rx_bytes: 0,
         tx_bytes: 0,
         keepalive: 0,
+        psk: None,
     };
     for a in &p.0 {
         match a {
@@ -322,6 +325,9 @@ fn peer_state(p: &WireguardPeer) -> Option<PeerState> {
             WireguardPeerAttribute::RxBytes(b) => s.rx_bytes = *b,
             WireguardPeerAttribute::TxBytes(b) => s.tx_bytes = *b,
             WireguardPeerAttribute::PersistentKeepalive(k) => s.keepalive = *k,
+            WireguardPeerAttribute::PresharedKey(k) => {
+                s.psk = (*k != [0; 32]).then_some(WgKey(*k));
+            }
             WireguardPeerAttribute::AllowedIps(list) => {
                 for ip in list {
                     let mut addr: Option<IpAddr> = None;

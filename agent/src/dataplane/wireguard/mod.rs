@@ -138,6 +138,20 @@ pub(crate) fn age(t: Option<SystemTime>) -> Option<u64> {
 /// this means the peer is not talking to us (or nobody sent it anything).
 pub(crate) const HANDSHAKE_RECENT_SECS: u64 = 180;
 
+/// A device's peer as the config that would write it (None: it has no
+/// endpoint, so no config matches it).
+fn as_config(p: &genl::PeerState) -> Option<PeerConfig> {
+    let mut allowed = p.allowed.clone();
+    allowed.sort();
+    Some(PeerConfig {
+        key: p.key,
+        endpoint: p.endpoint?,
+        allowed,
+        psk: p.psk,
+        keepalive: p.keepalive,
+    })
+}
+
 /// A peer as the agent sees it, for status and metrics.
 #[derive(Clone, Debug)]
 pub(crate) struct WgPeerStats {
@@ -162,6 +176,12 @@ pub(crate) struct WgOverlay {
     synced: bool,
     /// Host routing's programs (None: `--host-routing legacy`).
     fast: Option<FastPath>,
+    /// What each device's peers are, as last read or written: a peer is
+    /// written only when it differs (writing one replaces its allowed IPs,
+    /// and for that moment the device has no peer for its subnets: a
+    /// packet to or from them is dropped; an agent that restarts hands
+    /// every lease to the device again).
+    written: HashMap<(&'static str, WgKey), PeerConfig>,
 }
 
 impl WgOverlay {
@@ -214,6 +234,7 @@ impl WgOverlay {
             dirty: false,
             synced: false,
             fast: None,
+            written: HashMap::new(),
         };
         let nl = Netlink::new()?;
         for i in 0..o.devices.len() {
@@ -303,6 +324,15 @@ impl WgOverlay {
         d.index = index;
         let mut wg = WgNetlink::open()?;
         let state = wg.device(d.name)?;
+        let name = d.name;
+        self.written.retain(|(dev, _), _| *dev != name);
+        self.written.extend(
+            state
+                .peers
+                .iter()
+                .filter_map(|p| Some(((name, p.key), as_config(p)?))),
+        );
+        let d = &mut self.devices[i];
         if state.private_key != Some(*self.spec.key.bytes()) || state.listen_port != d.port {
             wg.set_identity(d.name, self.spec.key.bytes(), d.port)?;
             if !created {
@@ -507,16 +537,22 @@ impl WgOverlay {
 
     /// Writes the peers of `keys` on every device: set where wanted,
     /// removed where not.
-    fn write_keys(&self, keys: &BTreeSet<WgKey>) -> Result<()> {
+    fn write_keys(&mut self, keys: &BTreeSet<WgKey>) -> Result<()> {
         let mut wg = WgNetlink::open()?;
-        for d in &self.devices {
-            let wanted = self.wanted(d, keys);
+        for d in self.devices.clone() {
+            let wanted = self.wanted(&d, keys);
             let remove: Vec<WgKey> = keys
                 .iter()
-                .filter(|k| !wanted.contains_key(k))
+                .filter(|k| !wanted.contains_key(k) && self.written.contains_key(&(d.name, **k)))
                 .copied()
                 .collect();
-            let set: Vec<PeerConfig> = wanted.into_values().collect();
+            let set: Vec<PeerConfig> = wanted
+                .into_values()
+                .filter(|w| self.written.get(&(d.name, w.key)) != Some(w))
+                .collect();
+            if set.is_empty() && remove.is_empty() {
+                continue;
+            }
             for p in &set {
                 tracing::info!(device = d.name, key = %p.key, endpoint = %p.endpoint, allowed = ?p.allowed, "WireGuard peer");
             }
@@ -524,6 +560,12 @@ impl WgOverlay {
                 tracing::info!(device = d.name, key = %k, "WireGuard peer removed");
             }
             wg.set_peers(d.name, &set, &remove)?;
+            for k in &remove {
+                self.written.remove(&(d.name, *k));
+            }
+            for p in set {
+                self.written.insert((d.name, p.key), p);
+            }
         }
         Ok(())
     }
@@ -546,20 +588,17 @@ impl WgOverlay {
             let have: HashMap<WgKey, &genl::PeerState> =
                 state.peers.iter().map(|p| (p.key, p)).collect();
             let set: Vec<PeerConfig> = wanted
-                .into_values()
-                .filter(|w| {
-                    have.get(&w.key).is_none_or(|h| {
-                        let mut allowed = h.allowed.clone();
-                        allowed.sort();
-                        h.endpoint != Some(w.endpoint)
-                            || allowed != w.allowed
-                            || h.keepalive != w.keepalive
-                    })
-                })
+                .values()
+                .filter(|w| have.get(&w.key).and_then(|h| as_config(h)).as_ref() != Some(*w))
+                .cloned()
                 .collect();
             if !set.is_empty() || !remove.is_empty() {
                 wg.set_peers(d.name, &set, &remove)?;
             }
+            let name = d.name;
+            self.written.retain(|(dev, _), _| *dev != name);
+            self.written
+                .extend(wanted.into_iter().map(|(k, w)| ((name, k), w)));
             removed += remove.len();
         }
         self.dirty = false;
