@@ -10,6 +10,7 @@
 
 mod bpffs;
 mod btf;
+mod config;
 mod conntrack;
 mod endpoints;
 mod events;

@@ -4,14 +4,13 @@
 
 use anyhow::{Result, bail};
 use dataplane_common::{
-    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_KERNEL_RX,
-    CONFIG_F_PATH_MTU, CONFIG_F_READY, CONFIG_F_SOURCE_CHECK, DataplaneConfig, map_names,
-    program_names,
+    CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_KERNEL_RX, CONFIG_F_PATH_MTU, DataplaneConfig,
+    map_names, program_names,
 };
 
 use super::super::{
     bpffs::PinDir,
-    conntrack, generations,
+    config, generations,
     loader::{self, Attachment, Hook, LoadOptions, Loaded, Replaced, off_runtime},
     maps::PeerMaps,
     netlink::Link,
@@ -302,26 +301,11 @@ pub(super) fn config(
     kernel_rx: bool,
 ) -> DataplaneConfig {
     let on = |f: Family| f.subnet(subnets).is_some() && spec.vtep(f).is_some();
-    let ct = conntrack::Refresh::read();
+    let node = config::node_config(subnets, spec.host_routing, has_conntrack);
     let v6 = devices.get(Family::V6);
     DataplaneConfig {
-        subnet4_be: subnets
-            .v4
-            .map_or(0, |s| u32::from_ne_bytes(s.network().octets())),
-        mask4_be: subnets
-            .v4
-            .map_or(0, |s| u32::from_ne_bytes(s.netmask().octets())),
-        subnet6: subnets.v6.map_or([0; 16], |s| s.network().octets()),
-        mask6: subnets.v6.map_or([0; 16], |s| s.netmask().octets()),
-        ct_tcp_timeout_ms: ct.tcp_ms,
-        ct_udp_timeout_ms: ct.udp_ms,
-        ct_tcp_refresh_jiffies: ct.tcp_jiffies,
-        ct_udp_refresh_jiffies: ct.udp_jiffies,
-        ct_udp_unreplied_ms: ct.udp_unreplied_ms,
-        ct_udp_unreplied_refresh_jiffies: ct.udp_unreplied_jiffies,
         vni: spec.vni,
         port: spec.port,
-        _pad0: 0,
         local_addr_be: spec
             .public_ip
             .map_or(0, |ip| u32::from_ne_bytes(ip.octets())),
@@ -333,21 +317,12 @@ pub(super) fn config(
         overlay6_ifindex: v6.and_then(|d| d.index).unwrap_or(0),
         overlay6_mtu: Family::V6.overlay_mtu(spec.underlay_mtu(devices.uplink.mtu)),
         vtep6_mac: spec.vtep6_mac.0,
-        _pad1: [0; 2],
-        flags: CONFIG_F_READY
+        flags: node.flags
             | if kernel_rx { CONFIG_F_KERNEL_RX } else { 0 }
             | if on(Family::V4) { CONFIG_F_IPV4 } else { 0 }
             | if on(Family::V6) { CONFIG_F_IPV6 } else { 0 }
-            | if spec.path_mtu { CONFIG_F_PATH_MTU } else { 0 }
-            | match spec.host_routing {
-                HostRouting::Legacy => 0,
-                HostRouting::Bpf => CONFIG_F_BYPASS,
-                HostRouting::Auto if has_conntrack => CONFIG_F_BYPASS | CONFIG_F_CT_GATE,
-                // Without conntrack's kfuncs nothing can tell which flows
-                // netfilter would let through unchanged: no bypass, but
-                // pods' sources are still checked.
-                HostRouting::Auto => CONFIG_F_SOURCE_CHECK,
-            },
+            | if spec.path_mtu { CONFIG_F_PATH_MTU } else { 0 },
+        ..node
     }
 }
 

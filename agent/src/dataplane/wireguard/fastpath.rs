@@ -19,15 +19,14 @@ use std::{collections::HashMap, sync::Arc};
 
 use anyhow::{Context as _, Result};
 use dataplane_common::{
-    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_READY,
-    CONFIG_F_SOURCE_CHECK, CONFIG_F_WIREGUARD, DataplaneConfig, program_names,
+    CONFIG_F_IPV4, CONFIG_F_IPV6, CONFIG_F_WIREGUARD, DataplaneConfig, program_names,
 };
 use ipnet::IpNet;
 
 use super::super::{
     Peer,
     bpffs::PinDir,
-    conntrack,
+    config, conntrack,
     endpoints::{EndpointSpec, EndpointSync, Endpoints, Scope},
     loader::{self, Attachment, Hook, LoadOptions, Loaded, off_runtime},
     maps::{Counters, EndpointMap, PeerMaps},
@@ -132,27 +131,13 @@ impl FastPath {
     pub(crate) fn write_config(&mut self, subnets: &Subnets, devices: &[FastDevice]) -> Result<()> {
         let v4 = devices.iter().find(|d| d.v4);
         let v6 = devices.iter().find(|d| d.v6);
-        let ct = conntrack::Refresh::read();
+        let node = config::node_config(subnets, self.host_routing, self.loaded.has_conntrack());
         let c = DataplaneConfig {
-            subnet4_be: subnets
-                .v4
-                .map_or(0, |s| u32::from_ne_bytes(s.network().octets())),
-            mask4_be: subnets
-                .v4
-                .map_or(0, |s| u32::from_ne_bytes(s.netmask().octets())),
-            subnet6: subnets.v6.map_or([0; 16], |s| s.network().octets()),
-            mask6: subnets.v6.map_or([0; 16], |s| s.netmask().octets()),
-            ct_tcp_timeout_ms: ct.tcp_ms,
-            ct_udp_timeout_ms: ct.udp_ms,
-            ct_tcp_refresh_jiffies: ct.tcp_jiffies,
-            ct_udp_refresh_jiffies: ct.udp_jiffies,
-            ct_udp_unreplied_ms: ct.udp_unreplied_ms,
-            ct_udp_unreplied_refresh_jiffies: ct.udp_unreplied_jiffies,
             uplink_ifindex: v4.map_or(0, |d| d.index),
             uplink_mtu: v4.map_or(0, |d| d.mtu),
             overlay6_ifindex: v6.map_or(0, |d| d.index),
             overlay6_mtu: v6.map_or(0, |d| d.mtu),
-            flags: CONFIG_F_READY
+            flags: node.flags
                 | CONFIG_F_WIREGUARD
                 | if v4.is_some() && subnets.v4.is_some() {
                     CONFIG_F_IPV4
@@ -163,16 +148,8 @@ impl FastPath {
                     CONFIG_F_IPV6
                 } else {
                     0
-                }
-                | match self.host_routing {
-                    HostRouting::Legacy => 0,
-                    HostRouting::Bpf => CONFIG_F_BYPASS,
-                    HostRouting::Auto if self.loaded.has_conntrack() => {
-                        CONFIG_F_BYPASS | CONFIG_F_CT_GATE
-                    }
-                    HostRouting::Auto => CONFIG_F_SOURCE_CHECK,
                 },
-            ..DataplaneConfig::default()
+            ..node
         };
         self.maps.set_config(&c)
     }
