@@ -25,6 +25,24 @@ fn wg_key(path: &std::path::Path) -> String {
     weft_tests::wg::genkey(path).expect("wg genkey (wireguard-tools)")
 }
 
+/// A Weft agent's arguments: its key file, and host routing as the agent
+/// runs it by default; where the kernel's conntrack kfuncs are out of reach
+/// (conntrack as a module, as in Debian's kernels: `auto` would send every
+/// flow through the stack), without the conntrack gate.
+fn agent_args(key_file: &std::path::Path) -> [&str; 4] {
+    let routing = if weft_tests::conntrack_kfuncs() {
+        "auto"
+    } else {
+        "bpf"
+    };
+    [
+        "--wireguard-key-file",
+        key_file.to_str().unwrap(),
+        "--host-routing",
+        routing,
+    ]
+}
+
 /// A Weft node's public key, from its lease in etcd.
 fn lease_key(c: &WeftCluster, subnet: Ipv4Net) -> String {
     let v = c
@@ -191,26 +209,8 @@ fn weft_and_flannel_nodes_share_one_encrypted_network_over_wireguard() {
     let keys: Vec<PathBuf> = (1..=2)
         .map(|i| std::env::temp_dir().join(weft_tests::unique(&format!("weft-wgkey-{i}-"))))
         .collect();
-    // Host routing as the agent runs it by default; where the kernel's
-    // conntrack kfuncs are out of reach (conntrack as a module, as in
-    // Debian's kernels: `auto` would send every flow through the stack),
-    // without the conntrack gate.
-    let routing = if weft_tests::conntrack_kfuncs() {
-        "auto"
-    } else {
-        "bpf"
-    };
     for (i, k) in (1..=2).zip(&keys) {
-        c.add_node(
-            i,
-            &[
-                "--wireguard-key-file",
-                k.to_str().unwrap(),
-                "--host-routing",
-                routing,
-            ],
-        )
-        .unwrap();
+        c.add_node(i, &agent_args(k)).unwrap();
     }
     // Each key file is flannel's form: base64, mode 0400.
     for k in &keys {
@@ -517,22 +517,8 @@ fn dual_stack_networks_over_wireguard() {
         let keys: Vec<PathBuf> = (1..=2)
             .map(|i| std::env::temp_dir().join(weft_tests::unique(&format!("weft-wgkey-{i}-"))))
             .collect();
-        let routing = if weft_tests::conntrack_kfuncs() {
-            "auto"
-        } else {
-            "bpf"
-        };
         for (i, k) in (1..=2).zip(&keys) {
-            c.add_node(
-                i,
-                &[
-                    "--wireguard-key-file",
-                    k.to_str().unwrap(),
-                    "--host-routing",
-                    routing,
-                ],
-            )
-            .unwrap();
+            c.add_node(i, &agent_args(k)).unwrap();
         }
         for (i, n) in c.nodes.iter().enumerate() {
             let other = &c.nodes[1 - i];
