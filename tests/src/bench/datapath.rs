@@ -1,5 +1,5 @@
 //! `cargo xtask bench datapath [--json FILE] [--rounds N] [--seconds S]
-//! [--configs route,kernel_vxlan,weft,weft_legacy,weft_unreg,weft_bpf,weft_xdp,weft_rps,weft_nopmtu,weft_netkit,kernel_wireguard,weft_wireguard]`
+//! [--configs floor,route,kernel_vxlan,weft,weft_legacy,weft_unreg,weft_bpf,weft_xdp,weft_rps,weft_nopmtu,weft_netkit,kernel_wireguard,weft_wireguard]`
 //!
 //! One topology, two nodes joined by a veth pair (the underlay), one pod on
 //! each node attached by the CNI plugins (bridge + host-local, as flannel's
@@ -9,6 +9,12 @@
 //!
 //! - `route`: plain routing between the nodes, no encapsulation (the limit);
 //!   pods at MTU 1500.
+//! - on request, `floor`: the two pods joined by one veth pair of their
+//!   own (MTU 1500; the node figure is routed as in `route`): no bridge, no
+//!   routing, no node between them, so only the endpoints' own work (the
+//!   applications, TCP, the copies, the wake-ups). No datapath can cost
+//!   less, so the CPU per GB of a configuration against `kernel_vxlan` can
+//!   go no lower than `floor`'s.
 //! - `kernel_vxlan`: the kernel vxlan device configured as flannel does
 //!   (flannel.1, VNI 1, port 8472, neighbour/FDB/route entries); MTU 1450.
 //! - `weft`: Weft as it runs by default (`--host-routing auto`, the
@@ -66,12 +72,13 @@ use weft::dataplane::{HostRouting, XdpMode};
 use crate::{
     cluster::{Node, flannel_device, flannel_device6, flannel_peer, flannel_peer6},
     dual::underlay6,
-    netns::{Netns, veth},
+    netns::{Netns, mac, veth},
     overlay::{install, peer, peer6, run_overlay, spec, subnet_of, subnet6_of, with_ipv6},
     pins::TestPins,
 };
 
-const CONFIGS: [&str; 12] = [
+const CONFIGS: [&str; 13] = [
+    "floor",
     "route",
     "kernel_vxlan",
     "weft",
@@ -256,6 +263,29 @@ pub async fn run(args: &[String]) -> Result<()> {
         ratios.insert(format!("{name}.{cfg}/{base}"), json!(ratio));
         goals.push(json!({"metric": name, "config": cfg, "baseline": base, "goal": goal, "higher_is_better": higher, "ratio": ratio, "met": met}));
     }
+    // What no datapath can beat: `floor` (and `route`) against the kernel
+    // device. A goal on a ratio below these is out of reach on this machine.
+    for base_cfg in ["floor", "route"] {
+        for name in ["tcp_gbps", "cpu_s_per_gb"] {
+            let (Some(rs), Some(w), Some(b)) = (
+                per_round(name, base_cfg, "kernel_vxlan"),
+                result.get(base_cfg).map(|m| m[name]),
+                result.get("kernel_vxlan").map(|m| m[name]),
+            ) else {
+                continue;
+            };
+            println!(
+                "  {name:<13} {base_cfg:<11} / kernel_vxlan rounds [{}]  median ratio {:.3}  (a bound, no goal)",
+                rs.iter()
+                    .map(|r| format!("{r:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                w / b
+            );
+            ratios.insert(format!("{name}.{base_cfg}/kernel_vxlan.rounds"), json!(rs));
+            ratios.insert(format!("{name}.{base_cfg}/kernel_vxlan"), json!(w / b));
+        }
+    }
     if let Some(path) = super::flag::<String>(args, "--json") {
         let configs: serde_json::Map<String, Value> =
             result.iter().map(|(c, m)| (c.clone(), json!(m))).collect();
@@ -297,7 +327,7 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
     // alike (a Weft dual-stack node's subnet.env says 1430 from the start).
     // WireGuard's overlay MTU is flannel's for that backend: 80 less.
     let mtu = match cfg {
-        "route" => 1500,
+        "route" | "floor" => 1500,
         "kernel_wireguard" | "weft_wireguard" => 1420,
         _ => 1450,
     };
@@ -312,7 +342,7 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
     // stops before its pins go).
     let mut running = Vec::new();
     match cfg {
-        "route" => {
+        "route" | "floor" => {
             for (a, b) in [(0, 1), (1, 0)] {
                 let (n, o) = (&nodes[a], &nodes[b]);
                 n.ns.sysctl("net.ipv4.ip_forward", "1")?;
@@ -332,6 +362,9 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
                     "via",
                     &underlay6(o.index).to_string(),
                 ])?;
+            }
+            if cfg == "floor" {
+                floor_link(&nodes)?;
             }
         }
         "kernel_vxlan" => {
@@ -567,31 +600,25 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
     )?;
 
     std::thread::sleep(Duration::from_millis(500));
-    // `WEFT_BENCH_PERF=DIR`: a system-wide profile of the TCP measurement
-    // with `WEFT_BENCH_PERF_STREAMS` streams (1 or 4, default 1), per
-    // configuration (`perf report -i DIR/<cfg>.tcp<streams>.data`).
+    // `WEFT_BENCH_PERF=DIR`: system-wide profiles (`perf report -i
+    // DIR/<cfg>.<what>.data`) of the TCP measurement with
+    // `WEFT_BENCH_PERF_STREAMS` streams (1 or 4, default 1); with
+    // `WEFT_BENCH_PERF_UDP=1` of the 64-byte UDP one too (its cost is per
+    // packet, where TCP's is per byte); with `WEFT_BENCH_PERF_PACED=1` of
+    // the paced stream (every configuration moves the same bytes there, so
+    // the profiles' sample counts compare as CPU time).
     let perf_streams: u32 = std::env::var("WEFT_BENCH_PERF_STREAMS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let tcp_profiled = |streams: u32| -> Result<f64> {
-        let perf = std::env::var_os("WEFT_BENCH_PERF")
-            .filter(|_| streams == perf_streams)
-            .map(|dir| {
-                let out = std::path::Path::new(&dir).join(format!("{cfg}.tcp{streams}.data"));
-                std::process::Command::new("perf")
-                    .args(["record", "-a", "-g", "-F", "499", "-q", "-o"])
-                    .arg(&out)
-                    .args(["--", "sleep", &secs.to_string()])
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
-            });
-        let r = iperf_tcp(client, server.ip, streams, secs);
-        if let Some(Ok(mut p)) = perf {
-            let _ = p.wait();
-        }
-        r
+    let on = |var: &str| std::env::var(var).as_deref() == Ok("1");
+    let tcp_profiled = |streams: u32| {
+        profiled(
+            &format!("{cfg}.tcp{streams}"),
+            secs,
+            streams == perf_streams,
+            || iperf_tcp(client, server.ip, streams, secs),
+        )
     };
     let tcp = tcp_profiled(1)?;
     let before = fast_path_share(&weft_pins);
@@ -604,25 +631,12 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
             100.0 * fast / all.max(1.0)
         );
     }
-    // `WEFT_BENCH_PERF_UDP=1` beside `WEFT_BENCH_PERF=DIR`: the 64-byte UDP
-    // measurement profiled too (`DIR/<cfg>.udp64.data`): its cost is per
-    // packet, where TCP's is per byte.
-    let udp_perf = std::env::var_os("WEFT_BENCH_PERF")
-        .filter(|_| std::env::var("WEFT_BENCH_PERF_UDP").as_deref() == Ok("1"))
-        .map(|dir| {
-            let out = std::path::Path::new(&dir).join(format!("{cfg}.udp64.data"));
-            std::process::Command::new("perf")
-                .args(["record", "-a", "-g", "-F", "499", "-q", "-o"])
-                .arg(&out)
-                .args(["--", "sleep", &secs.to_string()])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-        });
-    let udp = iperf_udp64(client, server.ip.into(), secs)?;
-    if let Some(Ok(mut p)) = udp_perf {
-        let _ = p.wait();
-    }
+    let udp = profiled(
+        &format!("{cfg}.udp64"),
+        secs,
+        on("WEFT_BENCH_PERF_UDP"),
+        || iperf_udp64(client, server.ip.into(), secs),
+    )?;
     let (p50, p99) = rr(client, server.ip, secs)?;
     // The same over IPv6.
     let tcp6 = iperf_tcp(client, server6, 1, secs)?;
@@ -630,11 +644,76 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
     let (p50_6, p99_6) = tcp_rr(client, &server.ns, server6.into(), secs)?;
     // The node itself (host namespace) to the remote pod.
     let tcp_node = iperf_tcp(&nodes[0].ns, server.ip, 1, secs)?;
-    let cpu = cpu_per_gb(client, server.ip, secs)?;
+    let cpu = cpu_per_gb(
+        client,
+        server.ip,
+        secs,
+        &format!("{cfg}.paced"),
+        on("WEFT_BENCH_PERF_PACED"),
+    )?;
     let crr = connection_rate(client, &server.ns, server.ip.into(), secs)?;
     Ok([
         tcp, tcp4, udp, p50, p99, tcp6, udp6, p50_6, p99_6, tcp_node, cpu, crr,
     ])
+}
+
+/// `floor`: a veth pair of their own between the two nodes' pods, and
+/// each pod's routes to the other's addresses through it (host routes, so
+/// everything else keeps its routes through the bridge).
+fn floor_link(nodes: &[Node; 2]) -> Result<()> {
+    let (a, b) = (&nodes[0].pods[0], &nodes[1].pods[0]);
+    veth(&a.ns, "direct", &b.ns, "direct")?;
+    // The pods' addresses sit on their eth0, and neither ARP nor neighbour
+    // discovery answers on another device for them: static neighbours.
+    let macs = [mac(&a.ns, "direct")?, mac(&b.ns, "direct")?];
+    for ((p, o), o_mac) in [(a, b), (b, a)].into_iter().zip([&macs[1], &macs[0]]) {
+        p.ns.ip(&["link", "set", "direct", "mtu", "1500"])?;
+        p.ns.ip(&[
+            "route",
+            "replace",
+            &format!("{}/32", o.ip),
+            "dev",
+            "direct",
+            "src",
+            &p.ip.to_string(),
+        ])?;
+        p.ns.ip(&[
+            "neigh",
+            "replace",
+            &o.ip.to_string(),
+            "lladdr",
+            o_mac,
+            "dev",
+            "direct",
+            "nud",
+            "permanent",
+        ])?;
+        if let (Some(o6), Some(p6)) = (o.ip6, p.ip6) {
+            p.ns.ip(&[
+                "-6",
+                "route",
+                "replace",
+                &format!("{o6}/128"),
+                "dev",
+                "direct",
+                "src",
+                &p6.to_string(),
+            ])?;
+            p.ns.ip(&[
+                "-6",
+                "neigh",
+                "replace",
+                &o6.to_string(),
+                "lladdr",
+                o_mac,
+                "dev",
+                "direct",
+                "nud",
+                "permanent",
+            ])?;
+        }
+    }
+    Ok(())
 }
 
 /// Weft's standalone plugin making netkit pods on `n`, with the subnet.env
@@ -714,6 +793,30 @@ fn connection_rate(client: &Netns, server_ns: &Netns, ip: IpAddr, secs: u64) -> 
     Ok(done as f64 / secs as f64)
 }
 
+/// Runs `f`, under a system-wide profile of `secs` written to
+/// `$WEFT_BENCH_PERF/<name>.data` when that variable is set and `wanted`
+/// (at `WEFT_BENCH_PERF_FREQ` samples a second per CPU, default 499).
+fn profiled<T>(name: &str, secs: u64, wanted: bool, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let perf = std::env::var_os("WEFT_BENCH_PERF")
+        .filter(|_| wanted)
+        .map(|dir| {
+            let out = std::path::Path::new(&dir).join(format!("{name}.data"));
+            let freq = std::env::var("WEFT_BENCH_PERF_FREQ").unwrap_or_else(|_| "499".into());
+            std::process::Command::new("perf")
+                .args(["record", "-a", "-g", "-F", &freq, "-q", "-o"])
+                .arg(&out)
+                .args(["--", "sleep", &secs.to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+        });
+    let r = f();
+    if let Some(Ok(mut p)) = perf {
+        let _ = p.wait();
+    }
+    r
+}
+
 /// The whole machine's busy CPU time so far, in seconds: all CPUs' time
 /// since boot less their idle time, from /proc/uptime (whose idle figure
 /// stays consistent on this VM where /proc/stat's jiffies jump), softirqs
@@ -732,23 +835,25 @@ fn busy_seconds() -> Result<(f64, f64)> {
 /// `client` to `ip` for `secs`: the machine's busy time over the transfer,
 /// less the idle machine's background (measured just before, for 2 s),
 /// over the bytes received.
-fn cpu_per_gb(client: &Netns, ip: Ipv4Addr, secs: u64) -> Result<f64> {
+fn cpu_per_gb(client: &Netns, ip: Ipv4Addr, secs: u64, name: &str, perf: bool) -> Result<f64> {
     let (u0, b0) = busy_seconds()?;
     std::thread::sleep(Duration::from_secs(2));
     let (u1, b1) = busy_seconds()?;
     let background = (b1 - b0) / (u1 - u0);
     let (s0, c0) = busy_seconds()?;
-    let out = client
-        .command("iperf3")
-        .args(["-c", &ip.to_string(), "-p", "5201"])
-        .args([
-            "-b",
-            &format!("{PACED_GBPS}G"),
-            "-t",
-            &secs.to_string(),
-            "-J",
-        ])
-        .output()?;
+    let out = profiled(name, secs, perf, || {
+        Ok(client
+            .command("iperf3")
+            .args(["-c", &ip.to_string(), "-p", "5201"])
+            .args([
+                "-b",
+                &format!("{PACED_GBPS}G"),
+                "-t",
+                &secs.to_string(),
+                "-J",
+            ])
+            .output()?)
+    })?;
     let (s1, c1) = busy_seconds()?;
     let v: Value = serde_json::from_slice(&out.stdout).context("iperf3 JSON")?;
     if let Some(e) = v.get("error") {
