@@ -252,10 +252,7 @@ pub async fn run(args: &[String]) -> Result<()> {
         let met = if higher { ratio >= goal } else { ratio <= goal };
         println!(
             "  {name:<13} {cfg:<11} / {base:<12} rounds [{}]  median ratio {ratio:.3}  goal {} {goal:.2}  {}",
-            rs.iter()
-                .map(|r| format!("{r:.3}"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            rounds_text(&rs),
             if higher { ">=" } else { "<=" },
             if met { "met" } else { "NOT MET" }
         );
@@ -276,10 +273,7 @@ pub async fn run(args: &[String]) -> Result<()> {
             };
             println!(
                 "  {name:<13} {base_cfg:<11} / kernel_vxlan rounds [{}]  median ratio {:.3}  (a bound, no goal)",
-                rs.iter()
-                    .map(|r| format!("{r:.3}"))
-                    .collect::<Vec<_>>()
-                    .join(" "),
+                rounds_text(&rs),
                 w / b
             );
             ratios.insert(format!("{name}.{base_cfg}/kernel_vxlan.rounds"), json!(rs));
@@ -296,6 +290,14 @@ pub async fn run(args: &[String]) -> Result<()> {
         println!("wrote {path}");
     }
     Ok(())
+}
+
+/// Per-round ratios, as printed.
+fn rounds_text(rs: &[f64]) -> String {
+    rs.iter()
+        .map(|r| format!("{r:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The pods' network on node `n`: both families, as flannel's plugin
@@ -668,42 +670,25 @@ fn floor_link(nodes: &[Node; 2]) -> Result<()> {
     let macs = [mac(&a.ns, "direct")?, mac(&b.ns, "direct")?];
     for ((p, o), o_mac) in [(a, b), (b, a)].into_iter().zip([&macs[1], &macs[0]]) {
         p.ns.ip(&["link", "set", "direct", "mtu", "1500"])?;
-        p.ns.ip(&[
-            "route",
-            "replace",
-            &format!("{}/32", o.ip),
-            "dev",
-            "direct",
-            "src",
-            &p.ip.to_string(),
-        ])?;
-        p.ns.ip(&[
-            "neigh",
-            "replace",
-            &o.ip.to_string(),
-            "lladdr",
-            o_mac,
-            "dev",
-            "direct",
-            "nud",
-            "permanent",
-        ])?;
+        let mut pairs: Vec<(IpAddr, IpAddr)> = vec![(o.ip.into(), p.ip.into())];
         if let (Some(o6), Some(p6)) = (o.ip6, p.ip6) {
+            pairs.push((o6.into(), p6.into()));
+        }
+        for (dst, src) in pairs {
+            let (family, len) = if dst.is_ipv6() {
+                ("-6", 128)
+            } else {
+                ("-4", 32)
+            };
+            let (dst_net, dst, src) = (format!("{dst}/{len}"), dst.to_string(), src.to_string());
             p.ns.ip(&[
-                "-6",
-                "route",
-                "replace",
-                &format!("{o6}/128"),
-                "dev",
-                "direct",
-                "src",
-                &p6.to_string(),
+                family, "route", "replace", &dst_net, "dev", "direct", "src", &src,
             ])?;
             p.ns.ip(&[
-                "-6",
+                family,
                 "neigh",
                 "replace",
-                &o6.to_string(),
+                &dst,
                 "lladdr",
                 o_mac,
                 "dev",
