@@ -53,7 +53,9 @@
 //! `cpu_s_per_gb` (one stream paced at 2 Gbit/s, below what any
 //! configuration reaches here: the whole machine's busy CPU seconds, softirq
 //! included, less the idle machine's background measured just before, per
-//! GB received; read from /proc/uptime); `crr_per_s` (TCP connections per
+//! GB received; idle time from /proc/uptime; a window in which the
+//! hypervisor stole more than [`STEAL_MAX`] of the vCPUs' time is measured
+//! again); `crr_per_s` (TCP connections per
 //! second, TCP_CRR-style: connect, a 1-byte request and answer, close, one
 //! after the other).
 //! Reported: medians over rounds, the ratio of medians against the
@@ -805,22 +807,93 @@ fn profiled<T>(name: &str, secs: u64, wanted: bool, f: impl FnOnce() -> Result<T
 /// The whole machine's busy CPU time so far, in seconds: all CPUs' time
 /// since boot less their idle time, from /proc/uptime (whose idle figure
 /// stays consistent on this VM where /proc/stat's jiffies jump), softirqs
-/// included.
+/// included. Returns (uptime, busy).
 fn busy_seconds() -> Result<(f64, f64)> {
     let text = std::fs::read_to_string("/proc/uptime")?;
     let mut it = text.split_whitespace().map(|v| v.parse::<f64>());
     let (Some(Ok(up)), Some(Ok(idle))) = (it.next(), it.next()) else {
         bail!("/proc/uptime: {text:?}");
     };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    Ok((up, up * cpus - idle))
+    Ok((up, up * cpus() - idle))
 }
+
+fn cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
+}
+
+/// All CPUs' stolen time since boot, in seconds: the eighth field of
+/// /proc/stat's `cpu` line, in USER_HZ (100) ticks. Time the hypervisor ran
+/// something else while a vCPU had work counts as busy in
+/// [`busy_seconds`]; it arrives in bursts (none in most 5 s windows here,
+/// up to 0.8 CPU-s in others). It cannot simply be subtracted: it also
+/// counts a halted vCPU's wait to be woken, which the guest already counts
+/// as idle.
+fn stolen_seconds() -> Result<f64> {
+    let text = std::fs::read_to_string("/proc/stat")?;
+    let line = text.lines().next().unwrap_or_default();
+    let mut fields = line.split_whitespace();
+    if fields.next() != Some("cpu") {
+        bail!("/proc/stat: first line {line:?}");
+    }
+    let steal: u64 = fields
+        .nth(7)
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("/proc/stat: no steal field in {line:?}"))?;
+    Ok(steal as f64 / 100.0)
+}
+
+/// The share of the vCPUs' time the hypervisor may steal in a CPU-per-GB
+/// window before the window is measured again.
+const STEAL_MAX: f64 = 0.01;
+
+/// Attempts at a CPU-per-GB window with no more than [`STEAL_MAX`] stolen;
+/// after the last, the least-stolen attempt is kept (and said so).
+const STEAL_ATTEMPTS: usize = 4;
 
 /// CPU seconds per GB of a single TCP stream paced at [`PACED_GBPS`] from
 /// `client` to `ip` for `secs`: the machine's busy time over the transfer,
 /// less the idle machine's background (measured just before, for 2 s),
-/// over the bytes received.
+/// over the bytes received; measured again while the hypervisor stole
+/// more than [`STEAL_MAX`] of the window.
 fn cpu_per_gb(client: &Netns, ip: Ipv4Addr, secs: u64, name: &str, perf: bool) -> Result<f64> {
+    let mut best: Option<(f64, f64)> = None;
+    for attempt in 1..=STEAL_ATTEMPTS {
+        let (cpu, stolen) = paced_window(client, ip, secs, name, perf)?;
+        if stolen <= STEAL_MAX {
+            return Ok(cpu);
+        }
+        println!(
+            "    paced: {:.1}% of the CPU time stolen by the hypervisor (attempt {attempt}/{STEAL_ATTEMPTS}, {:.3} CPU-s per GB){}",
+            stolen * 100.0,
+            cpu,
+            if attempt < STEAL_ATTEMPTS {
+                ": measured again"
+            } else {
+                ""
+            },
+        );
+        if best.is_none_or(|(_, s)| stolen < s) {
+            best = Some((cpu, stolen));
+        }
+    }
+    let (cpu, stolen) = best.context("no CPU-per-GB attempt")?;
+    println!(
+        "    paced: kept the least-stolen attempt ({:.1}% stolen)",
+        stolen * 100.0
+    );
+    Ok(cpu)
+}
+
+/// One CPU-per-GB window: (CPU-s per GB, the share of the vCPUs' time
+/// stolen by the hypervisor over the background and the transfer).
+fn paced_window(
+    client: &Netns,
+    ip: Ipv4Addr,
+    secs: u64,
+    name: &str,
+    perf: bool,
+) -> Result<(f64, f64)> {
+    let stolen0 = stolen_seconds()?;
     let (u0, b0) = busy_seconds()?;
     std::thread::sleep(Duration::from_secs(2));
     let (u1, b1) = busy_seconds()?;
@@ -840,6 +913,7 @@ fn cpu_per_gb(client: &Netns, ip: Ipv4Addr, secs: u64, name: &str, perf: bool) -
             .output()?)
     })?;
     let (s1, c1) = busy_seconds()?;
+    let stolen = (stolen_seconds()? - stolen0) / ((s1 - u0) * cpus());
     let v: Value = serde_json::from_slice(&out.stdout).context("iperf3 JSON")?;
     if let Some(e) = v.get("error") {
         bail!("iperf3: {e}");
@@ -848,7 +922,7 @@ fn cpu_per_gb(client: &Netns, ip: Ipv4Addr, secs: u64, name: &str, perf: bool) -
         .as_f64()
         .context("iperf3: no sum_received")?;
     let cpu = (c1 - c0) - background * (s1 - s0);
-    Ok(cpu.max(0.0) / (bytes / 1e9))
+    Ok((cpu.max(0.0) / (bytes / 1e9), stolen))
 }
 
 /// (fast path, host stack) packets sent by the first node's programs
