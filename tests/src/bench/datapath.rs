@@ -854,7 +854,8 @@ const STEAL_ATTEMPTS: usize = 4;
 /// `client` to `ip` for `secs`: the machine's busy time over the transfer,
 /// less the idle machine's background (measured just before, for 2 s),
 /// over the bytes received; measured again while the hypervisor stole
-/// more than [`STEAL_MAX`] of the window.
+/// more than [`STEAL_MAX`] of the window (a `WEFT_BENCH_PERF_PACED`
+/// profile is then of the last attempt, which the output names).
 fn cpu_per_gb(client: &Netns, ip: Ipv4Addr, secs: u64, name: &str, perf: bool) -> Result<f64> {
     let mut best: Option<(f64, f64)> = None;
     for attempt in 1..=STEAL_ATTEMPTS {
