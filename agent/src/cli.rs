@@ -354,6 +354,10 @@ pub(crate) struct AgentArgs {
     /// self-test refuses them (tests of the upgrade gate only).
     #[arg(long, hide = true, value_enum)]
     pub inject_fault: Option<Fault>,
+    /// Runs as if the kernel lacked this optional feature (`weft doctor`
+    /// lists them), to test what the node does without it (tests only).
+    #[arg(long, hide = true, value_name = "FEATURE")]
+    pub kernel_feature_off: Vec<String>,
     /// Capacity of the peer maps: remote subnets this node can reach.
     /// Leases beyond it are not programmed (and reported).
     #[arg(long, env = "WEFT_MAX_PEERS", default_value_t = dataplane_common::MAX_PEERS,

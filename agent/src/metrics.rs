@@ -79,6 +79,8 @@ pub(crate) struct Metrics {
     health: OnceLock<crate::health::HealthView>,
     /// The wireguard backend's peers, as last read from the kernel.
     wireguard: Mutex<Option<WgMetrics>>,
+    /// The kernel's features, by name: available or not.
+    kernel_features: Mutex<Vec<(String, bool)>>,
 }
 
 /// The wireguard backend's peers, for the metrics.
@@ -197,6 +199,13 @@ impl Metrics {
     pub(crate) fn set_wireguard(&self, m: WgMetrics) {
         *self.wireguard.lock().expect("metrics lock") = Some(m);
     }
+    pub(crate) fn set_kernel_features(&self, k: &crate::dataplane::KernelFeatures) {
+        *self.kernel_features.lock().expect("metrics lock") = k
+            .features
+            .iter()
+            .map(|f| (f.name.clone(), f.available))
+            .collect();
+    }
     pub(crate) fn set_direct_peers(&self, n: u64) {
         self.direct_peers.store(n, Relaxed);
     }
@@ -313,6 +322,17 @@ impl Metrics {
         );
         for (reason, n) in self.rejected.lock().expect("metrics lock").iter() {
             let _ = writeln!(o, "{name}{{reason=\"{reason}\"}} {n}");
+        }
+        let name = "weft_kernel_feature";
+        let _ = writeln!(
+            o,
+            "# HELP {name} The kernel features the dataplane uses, as probed at start (available=\"false\": that feature is lost; `weft status` says what it costs).\n# TYPE {name} gauge"
+        );
+        for (feature, available) in self.kernel_features.lock().expect("metrics lock").iter() {
+            let _ = writeln!(
+                o,
+                "{name}{{feature=\"{feature}\",available=\"{available}\"}} 1"
+            );
         }
         let name = "weft_peer_problems";
         let _ = writeln!(

@@ -59,6 +59,54 @@ pub(crate) struct Report {
     /// Each peer as the continuous probes find it.
     #[serde(default)]
     pub(crate) peer_health: Vec<PeerHealth>,
+    /// The kernel's features as probed at start.
+    #[serde(default)]
+    pub(crate) kernel: Option<Kernel>,
+}
+
+/// The kernel the dataplane runs on, and which of its features Weft has.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Kernel {
+    pub(crate) release: String,
+    pub(crate) features: Vec<KernelFeature>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct KernelFeature {
+    pub(crate) name: String,
+    pub(crate) required: bool,
+    pub(crate) available: bool,
+    /// What the probe found (the kernel's words where it refused).
+    pub(crate) detail: String,
+    /// Where it is missing: what is lost, and what the node does instead.
+    #[serde(default)]
+    pub(crate) lost: Option<String>,
+    #[serde(default)]
+    pub(crate) instead: Option<String>,
+}
+
+impl Kernel {
+    pub(crate) fn of(k: &crate::dataplane::KernelFeatures) -> Self {
+        let degraded = k.degraded();
+        Self {
+            release: k.release.clone(),
+            features: k
+                .features
+                .iter()
+                .map(|f| {
+                    let d = degraded.iter().find(|d| d.feature == f.name);
+                    KernelFeature {
+                        name: f.name.clone(),
+                        required: f.required,
+                        available: f.available,
+                        detail: f.detail.clone(),
+                        lost: d.map(|d| d.lost.to_string()),
+                        instead: d.map(|d| d.instead.to_string()),
+                    }
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -90,11 +90,13 @@ pub(crate) enum Flow {
     V6 { saddr: [u8; 16], daddr: [u8; 16] },
 }
 
-/// `struct bpf_ct_opts` (16 bytes since Linux 6.1): `netns_id`, `error`,
-/// then `l4proto`, `dir`, `ct_zone_id`, `ct_zone_dir` and three reserved
-/// bytes as one little-endian word with `l4proto` in its low byte. As
-/// separate zero bytes LLVM clears them with a call to memset, and the
-/// verifier and LLVM disagree about the registers around that call.
+/// `struct bpf_ct_opts`: `netns_id`, `error`, then `l4proto`, `dir` and
+/// what follows as one little-endian word with `l4proto` in its low byte
+/// (as separate zero bytes LLVM clears them with a call to memset, and the
+/// verifier and LLVM disagree about the registers around that call). The
+/// kernel reads the first `CT_OPTS_SZ` bytes of it: 12 (`reserved[2]`
+/// after `dir`, every kernel with the kfuncs) or 16 (zone fields, Linux
+/// 6.11 and later, which take 12 as well).
 #[repr(C)]
 struct CtOpts {
     netns_id: i32,
@@ -115,17 +117,27 @@ fn lookup(skb: *mut __sk_buff, tuple: &mut SockTuple, len: u32, proto: u8) -> (*
     // SAFETY: the kfunc reads `len` bytes of the tuple (the variant that
     // size names) and writes the options, both valid for their sizes; it
     // returns a referenced nf_conn or null.
-    let ct = unsafe {
-        bpf_skb_ct_lookup(
-            skb,
-            tuple,
-            len,
-            &mut opts,
-            core::mem::size_of::<CtOpts>() as u32,
-        )
-    };
+    let ct = unsafe { bpf_skb_ct_lookup(skb, tuple, len, &mut opts, ct_opts_size()) };
     // The lookup writes the tuple's direction into `dir` (byte 1).
     (ct, (opts.l4proto_rest >> 8) & 0xff == IP_CT_DIR_REPLY)
+}
+
+/// How many bytes of [`CtOpts`] the lookup is given: a constant of the
+/// loaded object, the size the agent's probe found this kernel accepts.
+#[unsafe(no_mangle)]
+static CT_OPTS_SZ: u32 = 12;
+
+#[inline(always)]
+fn ct_opts_size() -> u32 {
+    // SAFETY: a read of a constant the loader may have set.
+    let n = unsafe { core::ptr::read_volatile(&CT_OPTS_SZ) };
+    // The verifier checks the size against the options' memory; bounded
+    // here whatever the constant says.
+    if n as usize > core::mem::size_of::<CtOpts>() {
+        core::mem::size_of::<CtOpts>() as u32
+    } else {
+        n
+    }
 }
 
 /// `struct nf_conn`, only ever behind a pointer.

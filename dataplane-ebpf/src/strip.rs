@@ -54,7 +54,7 @@ pub(crate) fn xdp(ctx: &XdpContext, cfg: &DataplaneConfig) -> Result<Done<u32>, 
     if !write(data, end, 0, cfg.uplink_mac) || decap.set_ce && !set_ce(data, end, decap.v6) {
         return Err(Reason::DropError.into());
     }
-    if cfg.flags & CONFIG_F_BYPASS != 0 {
+    if cfg.flags & CONFIG_F_BYPASS != 0 && xdp_mark() {
         mark(ctx);
     }
     Ok(Done {
@@ -171,6 +171,20 @@ fn strip_tc(ctx: &TcContext, decap: Decap) -> Result<(), Dropped> {
         }
     }
     Ok(())
+}
+
+/// Whether this kernel lets XDP programs call `bpf_xdp_adjust_meta`: a
+/// constant of the loaded object, set by the agent from its probe of the
+/// kernel. Where it is 0 the verifier prunes the call (a kernel that
+/// refuses the helper would refuse the whole program for it), and frames
+/// XDP decapsulates take the host stack.
+#[unsafe(no_mangle)]
+static XDP_META: u32 = 1;
+
+#[inline(always)]
+fn xdp_mark() -> bool {
+    // SAFETY: a read of a constant the loader may have set.
+    unsafe { core::ptr::read_volatile(&XDP_META) != 0 }
 }
 
 /// Marks a frame XDP decapsulated, in its metadata, for `weft_deliver`.

@@ -15,6 +15,7 @@ pub mod etcd;
 pub mod etcd_cluster;
 pub mod forwarded;
 pub mod iperf;
+pub mod kernel;
 pub mod netns;
 pub mod overlay;
 pub mod pins;

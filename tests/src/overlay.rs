@@ -61,6 +61,7 @@ pub fn spec(node: &Node, subnet: Ipv4Net, pins: &TestPins, mode: XdpMode) -> Set
             underlay_mtu: None,
             direct_routing: false,
             path_mtu: false,
+            kernel: weft::dataplane::ProgramKernel::probe(),
         },
         subnet,
         subnet6: None,

@@ -101,7 +101,10 @@ fn xdp_and_tc_programs_count_what_was_sent() {
     let p = pins.pins().clone();
     let attached = node
         .run(move || -> anyhow::Result<_> {
-            let mut loaded = Loaded::load(&p, &LoadOptions::default())?;
+            let mut loaded = Loaded::load(
+                &p,
+                &LoadOptions::for_kernel(weft::dataplane::ProgramKernel::probe()),
+            )?;
             loaded.install()?;
             let xdp = loaded.attach_xdp(
                 program_names::DECAP_XDP,
@@ -171,7 +174,10 @@ fn xdp_and_tc_programs_count_what_was_sent() {
     let p = pins.pins().clone();
     let again = node
         .run(move || -> anyhow::Result<_> {
-            let mut loaded = Loaded::load(&p, &LoadOptions::default())?;
+            let mut loaded = Loaded::load(
+                &p,
+                &LoadOptions::for_kernel(weft::dataplane::ProgramKernel::probe()),
+            )?;
             loaded.install()?;
             let xdp = loaded.attach_xdp(program_names::DECAP_XDP, "eth0", &[XdpMode::Native])?;
             let tc = loaded.attach_tc(program_names::ENCAP, "eth0", Hook::TcEgress)?;

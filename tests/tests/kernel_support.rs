@@ -71,7 +71,7 @@ fn the_agent_runs_only_on_a_kernel_with_what_the_dataplane_needs() {
             "doctor: {doctor:?}"
         );
         let log = n.agent.log();
-        let said = log.contains("no conntrack kfuncs");
+        let said = log.contains("lacks an optional feature: conntrack_kfuncs");
         assert_eq!(
             said, modular_conntrack,
             "the agent says it runs without the conntrack kfuncs exactly where conntrack is a module; log:\n{log}"
@@ -79,7 +79,7 @@ fn the_agent_runs_only_on_a_kernel_with_what_the_dataplane_needs() {
         assert_eq!(
             doctor
                 .iter()
-                .any(|l| l.starts_with("warn") && l.contains("no conntrack kfuncs")),
+                .any(|l| l.starts_with("warn") && l.contains("conntrack_kfuncs:")),
             modular_conntrack,
             "doctor warns of the missing kfuncs exactly where conntrack is a module: {doctor:?}"
         );
@@ -93,8 +93,8 @@ fn the_agent_runs_only_on_a_kernel_with_what_the_dataplane_needs() {
     });
     let log = agent.log();
     assert!(
-        log.contains("has no TCX links (BPF_TCX_INGRESS, Linux 6.6)")
-            && log.contains("needs Linux 6.6 or later")
+        log.contains("lacks what Weft needs: tcx (TCX links (BPF_TCX_INGRESS, Linux 6.6)")
+            && log.contains("no BPF_TCX_INGRESS in the kernel's BTF")
             && log.contains("Nothing was taken"),
         "the agent names the missing feature; log:\n{log}"
     );
@@ -114,7 +114,8 @@ fn the_agent_runs_only_on_a_kernel_with_what_the_dataplane_needs() {
         .unwrap_or_default();
     assert!(pinned.is_empty(), "nothing was pinned: {pinned:?}");
     assert!(
-        doctor[0].starts_with("FAIL") && doctor[0].contains("has no TCX links"),
+        doctor[0].starts_with("FAIL")
+            && doctor[0].contains("no BPF_TCX_INGRESS in the kernel's BTF"),
         "doctor fails the kernel with the agent's words: {doctor:?}"
     );
 }

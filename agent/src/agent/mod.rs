@@ -90,6 +90,8 @@ struct Agent {
     probe: Option<health::Settings>,
     /// Continuous peer health, once the dataplane is up.
     prober: Option<health::Prober>,
+    /// The kernel's features, as probed at start (None: no dataplane).
+    kernel: Option<report::Kernel>,
 }
 
 pub(crate) async fn run(args: AgentArgs) -> Result<()> {
@@ -97,20 +99,21 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     let opts = args.etcd.options();
     opts.validate()?;
     // A kernel the dataplane cannot run on is refused before anything is
-    // taken: no lease for a node that could not forward.
-    if args.datapath == DatapathKind::Ebpf {
-        let kernel = crate::dataplane::KernelSupport::check();
-        if let Some(missing) = kernel.missing {
-            anyhow::bail!(
-                "{missing}. Nothing was taken (no lease, no programs); `weft doctor` says the same. On this kernel, --datapath none holds a lease without forwarding"
-            );
-        }
-        for d in &kernel.degraded {
-            tracing::warn!(kernel = %kernel.release, "{d}");
-        }
+    // taken: no lease for a node that could not forward. What it lacks of
+    // the optional features is said once, each with what it costs.
+    let kernel = match args.datapath {
+        DatapathKind::Ebpf => Some(kernel_features(&args)?),
+        DatapathKind::None => None,
+    };
+    if let Some(k) = &kernel {
+        metrics.set_kernel_features(k);
     }
     let prefix = args.etcd.prefix();
     let mut host = Host::probe(&args).await?;
+    host.kernel = kernel
+        .as_ref()
+        .map(crate::dataplane::ProgramKernel::of)
+        .unwrap_or_default();
     tracing::info!(
         node_id = host.node_id,
         public_ip = %host.public_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
@@ -197,6 +200,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
             }
         }),
         prober: None,
+        kernel: kernel.as_ref().map(report::Kernel::of),
     };
     let events = match args.datapath {
         DatapathKind::Ebpf => Some(crate::dataplane::watch_changes(agent.changed.clone())?),
@@ -236,6 +240,29 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         e.abort();
     }
     r
+}
+
+/// The running kernel's features (probed, or as probed earlier in this
+/// boot), less those `--kernel-feature-off` turns off; an error naming
+/// what is missing where the dataplane cannot run.
+fn kernel_features(args: &AgentArgs) -> Result<crate::dataplane::KernelFeatures> {
+    let mut k = crate::dataplane::KernelFeatures::probe(Some(&args.state.state_dir), true);
+    if let Some(missing) = k.missing() {
+        anyhow::bail!(
+            "{missing}. Nothing was taken (no lease, no programs); `weft doctor` says the same. On this kernel, --datapath none holds a lease without forwarding"
+        );
+    }
+    k.turn_off(&args.kernel_feature_off)?;
+    tracing::info!(
+        kernel = %k.release,
+        probed = !k.cached,
+        available = %k.features.iter().filter(|f| f.available).map(|f| f.name.as_str()).collect::<Vec<_>>().join(","),
+        "kernel features"
+    );
+    for d in k.degraded() {
+        tracing::warn!(kernel = %k.release, feature = d.feature, "this kernel lacks an optional feature: {d}");
+    }
+    Ok(k)
 }
 
 /// Connects to etcd again when the TLS files' contents changed (rotated
@@ -689,6 +716,7 @@ impl Agent {
                 .conflict()
                 .map(|c| report::IpConflict { node: c.node }),
             pid: Some(std::process::id()),
+            kernel: self.kernel.clone(),
             rejected: self
                 .view
                 .rejected()

@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::{
     cli::{AgentArgs, DatapathKind},
     dataplane::{
-        DataplaneSpec, Link, Netlink, PinDir,
+        DataplaneSpec, Link, Netlink, PinDir, ProgramKernel,
         wireguard::{PrivateKey, WgSpec},
     },
     lease::{Identity, LeaseAttrs, NetworkConfig, Timing},
@@ -37,6 +37,8 @@ pub(crate) struct Host {
     /// moving from flannel (`flannel.<VNI>`, `flannel-v6.<VNI>`).
     pub(crate) flannel_mac: Option<MacAddr>,
     pub(crate) flannel6_mac: Option<MacAddr>,
+    /// What the kernel lets the programs do (its probes).
+    pub(crate) kernel: ProgramKernel,
 }
 
 impl Host {
@@ -190,6 +192,7 @@ impl NodePlan {
                     host_routing: args.host_routing,
                     pins: PinDir::new(&args.pins.bpffs_dir),
                     max_peers: args.max_peers,
+                    kernel: host.kernel,
                 }),
             };
             return Ok(Self {
@@ -234,6 +237,7 @@ impl NodePlan {
                 underlay_mtu: config.mtu,
                 direct_routing: config.direct_routing,
                 path_mtu: args.path_mtu && config.mtu.is_none() && args.peer_probe_interval > 0.0,
+                kernel: host.kernel,
             }),
         };
         Ok(Self {

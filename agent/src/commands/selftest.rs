@@ -11,7 +11,7 @@ use crate::dataplane::selftest;
 pub(crate) fn selftest(bpffs: &Path, verbose: bool) -> Result<()> {
     let outcomes = selftest::run(
         bpffs,
-        &crate::dataplane::LoadOptions::default(),
+        &crate::dataplane::LoadOptions::for_kernel(crate::dataplane::ProgramKernel::probe()),
         selftest::Wire::default(),
     )?;
     let failed: Vec<&selftest::Outcome> = outcomes.iter().filter(|o| o.failure.is_some()).collect();

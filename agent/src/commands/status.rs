@@ -186,6 +186,9 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
         if let Some(p) = &r.programs {
             print_programs(p);
         }
+        if let Some(k) = &r.kernel {
+            print_kernel(k);
+        }
     }
     println!("\nPeers ({} of {capacity})", peers.len());
     let health: std::collections::HashMap<String, &crate::report::PeerHealth> = agent
@@ -311,6 +314,25 @@ async fn lease_ttl(o: &EtcdOptions, key: &str) -> Result<String> {
 }
 
 /// The self-test of the agent's build and what followed from it.
+/// The kernel's features as the agent probed them at start: one line
+/// each, and for a missing one what it costs and what the node does
+/// instead.
+pub(super) fn print_kernel(k: &crate::report::Kernel) {
+    println!("\nKernel features (Linux {})", k.release);
+    for f in &k.features {
+        let state = match (f.available, f.required) {
+            (true, _) => "available",
+            (false, true) => "unavailable (required)",
+            (false, false) => "unavailable",
+        };
+        println!("  {:<17} {state:<11} {}", f.name, f.detail);
+        if let (Some(lost), Some(instead)) = (&f.lost, &f.instead) {
+            println!("  {:<17} lost: {lost}", "");
+            println!("  {:<17} instead: {instead}", "");
+        }
+    }
+}
+
 fn print_programs(p: &crate::report::Programs) {
     let ids = p
         .ids

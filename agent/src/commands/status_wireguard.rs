@@ -112,6 +112,9 @@ pub(crate) fn print(
         for h in &r.peer_health {
             println!("  probe      {} via {}: {}", h.subnet, h.vtep, h.state);
         }
+        if let Some(k) = &r.kernel {
+            super::status::print_kernel(k);
+        }
     }
     Ok(())
 }

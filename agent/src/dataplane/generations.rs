@@ -67,7 +67,12 @@ pub(crate) type Generation = HashMap<String, Program>;
 /// Loads every program of `ebpf` into the kernel and pins it as the
 /// current generation; the generation it replaces becomes the previous
 /// one (an older previous one is dropped). Nothing attached changes.
-pub(crate) fn install(pins: &PinDir, ebpf: &mut Ebpf) -> Result<()> {
+///
+/// The XDP program is optional (decapsulation falls back to TC): left out
+/// where `xdp` says the kernel has no XDP for it, and where the kernel
+/// refuses it all the same (said once, with the verifier's words). Returns
+/// whether it is in the generation.
+pub(crate) fn install(pins: &PinDir, ebpf: &mut Ebpf, xdp: bool) -> Result<bool> {
     // Programs an earlier release attached without pinning a generation
     // become the previous one all the same.
     if !current(pins).exists() && pins.has_links() {
@@ -77,11 +82,23 @@ pub(crate) fn install(pins: &PinDir, ebpf: &mut Ebpf) -> Result<()> {
     remove_dir(&staging)?;
     std::fs::create_dir_all(staging.join(layout_marker(LAYOUT_VERSION)))
         .with_context(|| format!("creating {}", staging.display()))?;
-    for (name, _) in ALL {
+    let mut with_xdp = xdp;
+    for (name, is_xdp) in ALL {
+        if is_xdp && !xdp {
+            continue;
+        }
         let p = ebpf
             .program_mut(name)
             .ok_or_else(|| anyhow!("the eBPF object has no program {name}"))?;
-        load(name, p)?;
+        match load(name, p) {
+            Ok(()) => {}
+            Err(e) if is_xdp => {
+                tracing::warn!(program = name, error = %format!("{e:#}"), "the kernel refuses the XDP decapsulation program: decapsulating in TC");
+                with_xdp = false;
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
         p.pin(staging.join(name))
             .with_context(|| format!("pinning program {name}"))?;
     }
@@ -90,7 +107,8 @@ pub(crate) fn install(pins: &PinDir, ebpf: &mut Ebpf) -> Result<()> {
         remove_dir(&prev)?;
         rename(&cur, &prev)?;
     }
-    rename(&staging, &cur)
+    rename(&staging, &cur)?;
+    Ok(with_xdp)
 }
 
 /// Loads `p` into the kernel unless it is already.

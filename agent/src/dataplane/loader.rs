@@ -126,15 +126,50 @@ pub struct LoadOptions {
     /// A fault put into the programs on purpose (`dataplane_common::FAULT_*`;
     /// the agent's hidden `--inject-fault`, for tests of the upgrade gate).
     pub fault: u32,
+    /// What the kernel lets the programs do.
+    pub kernel: ProgramKernel,
 }
 
-impl Default for LoadOptions {
-    fn default() -> Self {
+impl LoadOptions {
+    /// The defaults, for the kernel `kernel` says this is.
+    pub fn for_kernel(kernel: ProgramKernel) -> Self {
         Self {
             trace_drops: false,
             max_peers: dataplane_common::MAX_PEERS,
             fault: dataplane_common::FAULT_NONE,
+            kernel,
         }
+    }
+}
+
+/// What the running kernel lets the programs do, from its probes (see
+/// [`super::kernel`]): decided once when the agent starts, the same for
+/// every load and self-test.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgramKernel {
+    /// XDP programs load (`weft_decap`).
+    pub xdp: bool,
+    /// XDP programs may call `bpf_xdp_adjust_meta` (the mark `weft_deliver`
+    /// knows XDP's frames by).
+    pub xdp_mark: bool,
+    /// The conntrack kfuncs, and how many bytes of options a lookup takes;
+    /// None: the calls are stubbed out (no flow passes the gate).
+    pub ct_opts_size: Option<u32>,
+}
+
+impl ProgramKernel {
+    pub(crate) fn of(k: &super::kernel::KernelFeatures) -> Self {
+        use super::kernel::names;
+        Self {
+            xdp: k.has(names::XDP),
+            xdp_mark: k.has(names::XDP_MARK),
+            ct_opts_size: k.has(names::CONNTRACK).then_some(k.ct_opts_size).flatten(),
+        }
+    }
+
+    /// This kernel, probed now (`weft selftest` and other one-off loads).
+    pub fn probe() -> Self {
+        Self::of(&super::kernel::KernelFeatures::probe(None, false))
     }
 }
 
@@ -158,6 +193,8 @@ pub struct Loaded {
     replaced: Vec<Replaced>,
     trace_drops: bool,
     conntrack: bool,
+    /// The XDP program is part of this load (the kernel has XDP for it).
+    xdp: bool,
 }
 
 impl Loaded {
@@ -175,19 +212,27 @@ impl Loaded {
         } else {
             0u8
         };
-        // The conntrack kfuncs, resolved against this kernel (or stubbed:
-        // then no flow passes the conntrack gate).
-        let btf = match KernelBtf::read() {
-            Ok(b) => Some(b),
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "no conntrack kfuncs: --host-routing auto sends every flow through the host stack");
-                None
-            }
+        // The conntrack kfuncs, resolved against this kernel where its
+        // probe found them (else stubbed: then no flow passes the gate;
+        // the agent said so once at start).
+        let btf = match opts.kernel.ct_opts_size {
+            None => None,
+            Some(_) => match KernelBtf::read() {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "the conntrack kfuncs are gone since the kernel was probed: no flow bypasses the host stack under --host-routing auto");
+                    None
+                }
+            },
         };
         let object = kfuncs::resolve(OBJECT, btf.as_ref())?;
         let o = btf.as_ref().map(|b| b.nf_conn).unwrap_or_default();
+        let xdp_meta = u32::from(opts.kernel.xdp_mark);
+        let ct_opts_size = opts.kernel.ct_opts_size.unwrap_or(12);
         let ebpf = EbpfLoader::new()
             .override_global(aya_log::LEVEL, &level, true)
+            .override_global("XDP_META", &xdp_meta, true)
+            .override_global("CT_OPTS_SZ", &ct_opts_size, true)
             .override_global("NF_CONN_STATUS_OFF", &o.status, true)
             .override_global("NF_CONN_TIMEOUT_OFF", &o.timeout, true)
             .override_global("NF_CONN_TCP_STATE_OFF", &o.tcp_state, true)
@@ -208,14 +253,17 @@ impl Loaded {
             replaced,
             trace_drops: opts.trace_drops,
             conntrack: btf.is_some(),
+            xdp: opts.kernel.xdp,
         })
     }
 
     /// Makes this load's programs the current generation (pinned; the one
     /// before becomes the previous generation) and the ones attaches use.
-    /// Nothing attached changes until they are attached.
+    /// Nothing attached changes until they are attached. The XDP program
+    /// is left out where the kernel has no XDP for it, or refuses it: XDP
+    /// decapsulation is optional (TC decapsulates instead).
     pub fn install(&mut self) -> Result<()> {
-        generations::install(&self.pins, &mut self.ebpf)?;
+        self.xdp = generations::install(&self.pins, &mut self.ebpf, self.xdp)?;
         self.active = generations::open(&self.pins)?;
         Ok(())
     }
@@ -260,6 +308,14 @@ impl Loaded {
     /// `--host-routing auto` works).
     pub(crate) fn has_conntrack(&self) -> bool {
         self.conntrack
+    }
+
+    /// Whether the XDP decapsulation program can be attached.
+    pub(crate) fn has_xdp(&self) -> bool {
+        self.xdp
+            && self
+                .active
+                .contains_key(dataplane_common::program_names::DECAP_XDP)
     }
 
     /// Whether the programs were loaded to log their drops.

@@ -12,18 +12,13 @@
 //! that runs when the host transmits to the pod.
 
 use std::{
-    ffi::CString,
     io,
-    os::fd::{AsFd, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd, AsRawFd as _, BorrowedFd, OwnedFd},
     path::Path,
 };
 
-/// `enum bpf_cmd` values used here.
-const BPF_OBJ_PIN: i64 = 6;
-const BPF_OBJ_GET: i64 = 7;
-const BPF_PROG_QUERY: i64 = 16;
-const BPF_LINK_CREATE: i64 = 28;
-const BPF_LINK_UPDATE: i64 = 29;
+use crate::sys::bpf::{Attr, BPF_LINK_CREATE, BPF_LINK_UPDATE, BPF_PROG_QUERY, bpf, owned};
+pub(crate) use crate::sys::bpf::{open_pin, pin};
 
 /// A netkit pair's hook (`enum bpf_attach_type`). Weft runs a program at
 /// the peer hook only: what the host transmits to a pod
@@ -33,54 +28,6 @@ const BPF_LINK_UPDATE: i64 = 29;
 pub(crate) enum NetkitHook {
     /// What the pod transmits (from the pod).
     Peer = 55,
-}
-
-/// `union bpf_attr`, as a zeroed buffer the size the kernel accepts for
-/// every command used here (it checks that what it does not know is zero).
-#[repr(C, align(8))]
-struct Attr([u8; 128]);
-
-impl Attr {
-    fn new() -> Self {
-        Self([0; 128])
-    }
-
-    fn put_u32(&mut self, at: usize, v: u32) -> &mut Self {
-        self.0[at..at + 4].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-
-    fn put_u64(&mut self, at: usize, v: u64) -> &mut Self {
-        self.0[at..at + 8].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-
-    fn u32_at(&self, at: usize) -> u32 {
-        u32::from_ne_bytes(self.0[at..at + 4].try_into().expect("4 bytes"))
-    }
-}
-
-fn bpf(cmd: i64, attr: &mut Attr) -> io::Result<i64> {
-    // SAFETY: `attr` is a valid, writable buffer of the size passed; the
-    // pointers inside it (set by the callers) outlive the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.0.as_mut_ptr(),
-            std::mem::size_of::<Attr>(),
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
-fn owned(fd: i64) -> OwnedFd {
-    // SAFETY: the kernel just returned this new descriptor to us.
-    unsafe { OwnedFd::from_raw_fd(fd as i32) }
 }
 
 /// Attaches `prog` (a `BPF_PROG_TYPE_SCHED_CLS` program: netkit runs TC
@@ -127,32 +74,6 @@ pub(crate) fn query(primary_ifindex: u32, hook: NetkitHook) -> io::Result<Vec<u3
     bpf(BPF_PROG_QUERY, &mut a)?;
     let n = (a.u32_at(24) as usize).min(ids.len());
     Ok(ids[..n].to_vec())
-}
-
-fn c_path(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
-}
-
-/// Pins `fd` (a link) at `path` on a bpf file system.
-pub(crate) fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
-    let p = c_path(path)?;
-    let mut a = Attr::new();
-    a.put_u64(0, p.as_ptr() as u64)
-        .put_u32(8, fd.as_raw_fd() as u32);
-    bpf(BPF_OBJ_PIN, &mut a).map(|_| ())
-}
-
-/// Opens what is pinned at `path`; None if nothing is.
-pub(crate) fn open_pin(path: &Path) -> io::Result<Option<OwnedFd>> {
-    let p = c_path(path)?;
-    let mut a = Attr::new();
-    a.put_u64(0, p.as_ptr() as u64);
-    match bpf(BPF_OBJ_GET, &mut a) {
-        Ok(fd) => Ok(Some(owned(fd))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 /// Attaches `prog` at `hook` of the pair whose primary is

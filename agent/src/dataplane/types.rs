@@ -213,6 +213,8 @@ pub struct DataplaneSpec {
     /// Per-peer path MTU (`--path-mtu`, without `Backend.MTU`): the
     /// programs mark and limit per peer, routes carry each peer's MTU.
     pub path_mtu: bool,
+    /// What the kernel lets the programs do (its probes at start).
+    pub kernel: super::loader::ProgramKernel,
 }
 
 impl DataplaneSpec {

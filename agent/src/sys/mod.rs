@@ -2,6 +2,7 @@
 //! `unsafe` block the agent's commands need sits here, each with its
 //! SAFETY comment; callers see plain Rust types and `Result`s.
 
+pub(crate) mod bpf;
 pub(crate) mod ethtool;
 pub(crate) mod fs;
 pub(crate) mod icmp;

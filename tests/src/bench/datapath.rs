@@ -442,6 +442,7 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
                     host_routing: routing,
                     pins: pins[a].pins().clone(),
                     max_peers: dataplane_common::MAX_PEERS,
+                    kernel: weft::dataplane::ProgramKernel::probe(),
                 };
                 let key: weft::wgkey::WgKey =
                     keys[1 - a].public.parse().map_err(anyhow::Error::msg)?;

@@ -384,7 +384,12 @@ pub(crate) fn matrix() -> Vec<Options> {
         Options::new(
             "6.12",
             &[
-                "host_routing:spoofed_sources_never_leave_the_node_under_auto",
+                "host_routing:spoofed_sources_never_leave_the_node_under_auto,\
+                 host_routing_after_xdp_decapsulation",
+                // The kernel features as probed: this kernel lets XDP mark
+                // its frames (the host's refuses bpf_xdp_adjust_meta) and
+                // has netkit.
+                "kernel_features:the_agent_reports_what_this_kernel_refuses_and_says_it_once",
                 // netkit pods: the host's kernel has none.
                 "netkit",
             ],

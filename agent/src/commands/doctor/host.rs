@@ -5,29 +5,53 @@ use std::path::Path;
 
 use super::findings::Findings;
 use crate::{
-    dataplane::{KernelSupport, read_iface_sysctl, read_sysctl},
+    dataplane::{KernelFeatures, kernel_features, read_iface_sysctl, read_sysctl},
     sys::{
         ethtool::{gro, tx_checksum},
         fs::{filesystem_seen_by, host_pid, is_bpffs, mount_namespace},
     },
 };
 
-pub(super) fn kernel(f: &mut Findings) {
-    // The agent's own check at start, in its words.
-    let k = KernelSupport::check();
-    match &k.missing {
-        Some(missing) => f.fail("kernel", missing.clone(), "upgrade the kernel"),
-        None => f.ok(
-            "kernel",
-            format!("Linux {} with BTF and TCX links", k.release),
-        ),
+pub(super) fn kernel(f: &mut Findings, state_dir: &Path) {
+    // The agent's own probes (kept for this boot in its state directory,
+    // or run now), in its words.
+    let k = KernelFeatures::probe(Some(state_dir), false);
+    match k.missing() {
+        Some(missing) => f.fail("kernel", missing, "upgrade the kernel"),
+        None => {
+            let have = k.features.iter().filter(|f| f.available).count();
+            f.ok(
+                "kernel",
+                format!(
+                    "Linux {} with BTF and TCX links: {have} of {} kernel features Weft uses ({})",
+                    k.release,
+                    k.features.len(),
+                    k.features
+                        .iter()
+                        .filter(|f| f.available)
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        }
     }
-    for d in &k.degraded {
-        f.warn(
-            "kernel",
-            d.clone(),
-            "a kernel with conntrack built in (CONFIG_NF_CONNTRACK=y) for the fast path",
-        );
+    for d in k.degraded() {
+        f.warn("kernel", d.to_string(), fix(d.feature));
+    }
+}
+
+/// What brings an optional feature back.
+fn fix(feature: &str) -> &'static str {
+    match feature {
+        kernel_features::CONNTRACK => {
+            "a kernel whose conntrack has BTF (CONFIG_NF_CONNTRACK=y, or =m with CONFIG_DEBUG_INFO_BTF_MODULES=y) for the fast path"
+        }
+        kernel_features::XDP_MARK | kernel_features::XDP => {
+            "nothing to do under --xdp-mode auto: TC decapsulates and keeps the fast path"
+        }
+        kernel_features::NETKIT => "Linux 6.7 or later for netkit pods; veth pods work",
+        _ => "a kernel with this feature",
     }
 }
 

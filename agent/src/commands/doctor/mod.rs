@@ -42,7 +42,7 @@ pub(crate) struct DoctorArgs<'a> {
 pub(crate) async fn doctor(a: DoctorArgs<'_>) -> Result<()> {
     let mut f = Findings::default();
     let agent = report::read(&a.node.state.state_dir);
-    host::kernel(&mut f);
+    host::kernel(&mut f, &a.node.state.state_dir);
     host::bpffs(
         &mut f,
         &a.node.pins.bpffs_dir,

@@ -148,7 +148,7 @@ impl Overlay {
         let nl = Netlink::new()?;
         let devices = Devices::setup(&nl, &spec, subnets).await?;
         host::apply(&spec.uplink, &spec.state_dir, subnets.v6.is_some())?;
-        if programs::tries_xdp(spec.xdp_mode, &devices.uplink) {
+        if programs::tries_xdp(&spec, &devices.uplink) {
             match crate::sys::ethtool::ensure_gro(&spec.uplink) {
                 Ok(true) => tracing::info!(uplink = %spec.uplink, "turned GRO on for the uplink"),
                 Ok(false) => {}

@@ -11,7 +11,7 @@ use dataplane_common::{
 use super::super::{
     bpffs::PinDir,
     config, generations,
-    loader::{self, Attachment, Hook, LoadOptions, Loaded, Replaced, off_runtime},
+    loader::{self, Attachment, Hook, LoadOptions, Loaded, ProgramKernel, Replaced, off_runtime},
     maps::PeerMaps,
     netlink::Link,
     selftest, trace,
@@ -112,6 +112,7 @@ impl Programs {
             trace_drops: spec.trace_drops,
             max_peers: spec.max_peers,
             fault: spec.fault,
+            kernel: spec.kernel,
         };
         let mut gate = if adopting {
             self_test(spec, &opts)
@@ -185,9 +186,13 @@ impl Programs {
 
     /// Attaches the programs to the uplink and the overlay devices.
     pub(super) fn attach(&mut self, spec: &DataplaneSpec, devices: &Devices) -> Result<()> {
-        let plan = decap_plan(spec.xdp_mode, &devices.uplink);
-        let devs = devices.attachable();
         let bypass = spec.host_routing != HostRouting::Legacy;
+        let kernel = ProgramKernel {
+            xdp: spec.kernel.xdp && self.loaded.has_xdp(),
+            ..spec.kernel
+        };
+        let plan = decap_plan(spec.xdp_mode, &devices.uplink, kernel, bypass);
+        let devs = devices.attachable();
         let (pins, uplink) = (spec.pins.clone(), spec.uplink.clone());
         let loaded = &mut self.loaded;
         let (attachments, decap) =
@@ -327,19 +332,46 @@ pub(super) fn config(
 }
 
 /// Whether decapsulation will try XDP on `uplink` (which wants GRO on).
-pub(super) fn tries_xdp(mode: XdpMode, uplink: &Link) -> bool {
-    !decap_plan(mode, uplink).0.is_empty()
+pub(super) fn tries_xdp(spec: &DataplaneSpec, uplink: &Link) -> bool {
+    let bypass = spec.host_routing != HostRouting::Legacy;
+    !decap_plan(spec.xdp_mode, uplink, spec.kernel, bypass)
+        .0
+        .is_empty()
 }
 
-/// The XDP modes to try for decapsulation (none: TC), and why.
-fn decap_plan(mode: XdpMode, uplink: &Link) -> (Vec<XdpMode>, String) {
+/// The XDP modes to try for decapsulation (none: TC), and why, on a
+/// kernel that lets the programs do what `kernel` says, with host routing
+/// (`bypass`) or without.
+fn decap_plan(
+    mode: XdpMode,
+    uplink: &Link,
+    kernel: ProgramKernel,
+    bypass: bool,
+) -> (Vec<XdpMode>, String) {
+    const NO_MARK: &str = "this kernel refuses bpf_xdp_adjust_meta in XDP, which marks the frames XDP decapsulated for host routing (kernel feature xdp_decap_mark)";
     match mode {
         XdpMode::Off => (vec![], "--xdp-mode off".into()),
+        XdpMode::Native | XdpMode::Generic if !kernel.xdp => (
+            vec![],
+            format!("--xdp-mode {}, but this kernel has no XDP for decapsulation (kernel feature xdp_decap): TC", mode.as_str()),
+        ),
+        XdpMode::Native | XdpMode::Generic if bypass && !kernel.xdp_mark => (
+            vec![mode],
+            format!("--xdp-mode {}; {NO_MARK}: the frames it decapsulates take the host stack (--xdp-mode auto or off keeps the fast path into pods)", mode.as_str()),
+        ),
         XdpMode::Native => (vec![XdpMode::Native], "--xdp-mode native".into()),
         XdpMode::Generic => (vec![XdpMode::Generic], "--xdp-mode generic".into()),
         XdpMode::Auto if uplink.kind.as_deref() == Some("veth") => (
             vec![],
             "the uplink is a veth: XDP on a veth strips GSO from its peer and copies every frame, TC keeps the large packets".into(),
+        ),
+        XdpMode::Auto if !kernel.xdp => (
+            vec![],
+            "this kernel has no XDP for decapsulation (kernel feature xdp_decap): TC".into(),
+        ),
+        XdpMode::Auto if bypass && !kernel.xdp_mark => (
+            vec![],
+            format!("{NO_MARK}: TC keeps host routing's fast path into pods"),
         ),
         XdpMode::Auto => (
             vec![XdpMode::Native],

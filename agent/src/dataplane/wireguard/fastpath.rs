@@ -28,7 +28,7 @@ use super::super::{
     bpffs::PinDir,
     config, conntrack,
     endpoints::{EndpointSpec, EndpointSync, Endpoints, Scope},
-    loader::{self, Attachment, Hook, LoadOptions, Loaded, off_runtime},
+    loader::{self, Attachment, Hook, LoadOptions, Loaded, ProgramKernel, off_runtime},
     maps::{Counters, EndpointMap, PeerMaps},
     netlink::Netlink,
     types::HostRouting,
@@ -70,12 +70,13 @@ impl FastPath {
         state_dir: &std::path::Path,
         host_routing: HostRouting,
         max_peers: u32,
+        kernel: ProgramKernel,
         subnets: &Subnets,
         devices: &[FastDevice],
     ) -> Result<Self> {
         let opts = LoadOptions {
             max_peers,
-            ..LoadOptions::default()
+            ..LoadOptions::for_kernel(kernel)
         };
         let p = pins.clone();
         let loaded = off_runtime(move || -> Result<Loaded> {

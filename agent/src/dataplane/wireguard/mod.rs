@@ -67,6 +67,8 @@ pub struct WgSpec {
     pub host_routing: HostRouting,
     pub pins: PinDir,
     pub max_peers: u32,
+    /// What the kernel lets the programs do (its probes at start).
+    pub kernel: super::loader::ProgramKernel,
 }
 
 /// One device and the families it carries.
@@ -246,6 +248,7 @@ impl WgOverlay {
                 &o.spec.state_dir,
                 o.spec.host_routing,
                 o.spec.max_peers,
+                o.spec.kernel,
                 &o.subnets,
                 &o.fast_devices(),
             )?);
