@@ -78,19 +78,29 @@ pub fn time_scale() -> f64 {
 }
 
 /// Whether the conntrack kfuncs are within the loader's reach on this
-/// kernel: conntrack built into it (the kfuncs in the kernel's own BTF).
-/// Where conntrack is a module, as in Debian's and Ubuntu's kernels, its
-/// kfuncs are in the module's BTF and `--host-routing auto` sends every
-/// flow through the host stack. The oracle is the kernel's module list,
-/// not Weft's reading of BTF: the module is loaded first, as its first use
-/// would, and then shows in /sys/kernel/btf.
+/// kernel: conntrack built into it (the kfuncs in the kernel's own BTF),
+/// or a module with BTF (`CONFIG_DEBUG_INFO_BTF_MODULES`, whose kfuncs the
+/// loader calls through the module's BTF). The oracle is the kernel's
+/// symbols and module list, not Weft's reading of BTF: the module is
+/// loaded first, as its first use would, and then shows in
+/// /sys/kernel/btf.
 pub fn conntrack_kfuncs() -> bool {
-    static BUILT_IN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *BUILT_IN.get_or_init(|| {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
         let _ = std::process::Command::new("modprobe")
             .arg("nf_conntrack")
             .output();
-        !std::path::Path::new("/sys/kernel/btf/nf_conntrack").exists()
+        let syms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+        match syms
+            .lines()
+            .find(|l| l.split_whitespace().nth(2) == Some("bpf_skb_ct_lookup"))
+        {
+            None => false,
+            Some(l) if l.contains("[nf_conntrack]") => {
+                std::path::Path::new("/sys/kernel/btf/nf_conntrack").exists()
+            }
+            Some(_) => true,
+        }
     })
 }
 

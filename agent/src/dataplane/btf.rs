@@ -1,6 +1,9 @@
 //! The little of BTF, the kernel's type information, that the loader and
 //! the kernel check read: functions by name, struct member offsets, enum
-//! values. Parsed from `/sys/kernel/btf/vmlinux`.
+//! values. Parsed from `/sys/kernel/btf/vmlinux`, and from a module's
+//! (`/sys/kernel/btf/<module>`), which is *split* BTF: its type ids
+//! continue after vmlinux's last one and its string offsets after
+//! vmlinux's strings, and its types refer to vmlinux's by their ids.
 
 use anyhow::{Context as _, Result, bail};
 
@@ -9,6 +12,8 @@ use anyhow::{Context as _, Result, bail};
 pub(crate) struct Btf<'a> {
     types: Vec<(u32, &'a [u8])>,
     strings: &'a [u8],
+    /// vmlinux's BTF, for a module's (split) BTF.
+    base: Option<&'a Btf<'a>>,
 }
 
 const KIND_INT: u32 = 1;
@@ -25,7 +30,27 @@ const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
 
 impl<'a> Btf<'a> {
+    /// Parses vmlinux's BTF (or any BTF that stands alone).
     pub(crate) fn parse(raw: &'a [u8]) -> Result<Self> {
+        Self::parse_on(raw, None)
+    }
+
+    /// Parses a module's BTF, split from vmlinux's `base`.
+    pub(crate) fn parse_split(raw: &'a [u8], base: &'a Btf<'a>) -> Result<Self> {
+        Self::parse_on(raw, Some(base))
+    }
+
+    /// The first type id of this BTF (1, or after the base's last).
+    fn first_id(&self) -> u32 {
+        self.base.map_or(1, |b| b.first_id() + b.types.len() as u32)
+    }
+
+    /// The length of the string sections before this BTF's own.
+    fn string_base(&self) -> usize {
+        self.base.map_or(0, |b| b.string_base() + b.strings.len())
+    }
+
+    fn parse_on(raw: &'a [u8], base: Option<&'a Btf<'a>>) -> Result<Self> {
         let u32_at = |b: &[u8], o: usize| -> Result<u32> {
             Ok(u32::from_le_bytes(
                 b.get(o..o + 4)
@@ -69,25 +94,44 @@ impl<'a> Btf<'a> {
             types.push((info, types_raw.get(o..end).context("truncated BTF type")?));
             o = end;
         }
-        Ok(Self { types, strings })
+        Ok(Self {
+            types,
+            strings,
+            base,
+        })
     }
 
     fn name(&self, off: u32) -> &'a [u8] {
-        let s = self.strings.get(off as usize..).unwrap_or_default();
+        let own = self.string_base();
+        if (off as usize) < own {
+            return self.base.map_or(&[][..], |b| b.name(off));
+        }
+        let s = self.strings.get(off as usize - own..).unwrap_or_default();
         &s[..s.iter().position(|b| *b == 0).unwrap_or(s.len())]
+    }
+
+    /// Type `id`'s info word and bytes, in this BTF or its base.
+    fn get(&self, id: u32) -> Option<(u32, &'a [u8])> {
+        let first = self.first_id();
+        if id < first {
+            return self.base?.get(id);
+        }
+        self.types.get((id - first) as usize).copied()
     }
 
     fn name_of(&self, t: &[u8]) -> &'a [u8] {
         self.name(u32::from_le_bytes(t[0..4].try_into().expect("4 bytes")))
     }
 
+    /// The id of function `name` among this BTF's own types (a module's
+    /// functions are in its own BTF, not in vmlinux's).
     pub(crate) fn func(&self, name: &str) -> Option<u32> {
         self.types
             .iter()
             .position(|(info, t)| {
                 (info >> 24) & 0x1f == KIND_FUNC && self.name_of(t) == name.as_bytes()
             })
-            .map(|i| i as u32 + 1)
+            .map(|i| i as u32 + self.first_id())
     }
 
     fn kind(info: u32) -> u32 {
@@ -97,7 +141,7 @@ impl<'a> Btf<'a> {
     /// Type `id` (ids start at 1), with typedefs and qualifiers skipped.
     fn resolve(&self, mut id: u32) -> Option<(u32, &'a [u8])> {
         for _ in 0..32 {
-            let (info, t) = *self.types.get(id.checked_sub(1)? as usize)?;
+            let (info, t) = self.get(id)?;
             match Self::kind(info) {
                 KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
                     id = u32::from_le_bytes(t[8..12].try_into().ok()?);
@@ -111,7 +155,7 @@ impl<'a> Btf<'a> {
     /// The size in bytes of type `id`.
     pub(crate) fn size_of(&self, id: u32) -> Option<u32> {
         let (id, t) = self.resolve(id)?;
-        let info = self.types.get(id as usize - 1)?.0;
+        let info = self.get(id)?.0;
         match Self::kind(info) {
             KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM => {
                 Some(u32::from_le_bytes(t[8..12].try_into().ok()?))
@@ -127,7 +171,7 @@ impl<'a> Btf<'a> {
     /// The element type and length of array type `id`.
     pub(crate) fn array(&self, id: u32) -> Option<(u32, u32)> {
         let (id, t) = self.resolve(id)?;
-        let info = self.types.get(id as usize - 1)?.0;
+        let info = self.get(id)?.0;
         if Self::kind(info) != KIND_ARRAY {
             return None;
         }
@@ -139,7 +183,7 @@ impl<'a> Btf<'a> {
     /// The byte offset and type of `member` in struct or union type `id`.
     pub(crate) fn member_in(&self, id: u32, member: &str) -> Option<(u32, u32)> {
         let (id, t) = self.resolve(id)?;
-        let info = self.types.get(id as usize - 1)?.0;
+        let info = self.get(id)?.0;
         if !matches!(Self::kind(info), KIND_STRUCT | KIND_UNION) {
             return None;
         }
@@ -158,13 +202,7 @@ impl<'a> Btf<'a> {
     /// The byte offset and type of `path` (members, outermost first) in
     /// struct `ty`.
     pub(crate) fn member_path(&self, ty: &str, path: &[&str]) -> Option<(u32, u32)> {
-        let root = self
-            .types
-            .iter()
-            .position(|(info, t)| {
-                Self::kind(*info) == KIND_STRUCT && self.name_of(t) == ty.as_bytes()
-            })
-            .map(|i| i as u32 + 1)?;
+        let root = self.struct_named(ty)?;
         let (mut off, mut id) = (0, root);
         for m in path {
             let (o, t) = self.member_in(id, m)?;
@@ -172,6 +210,17 @@ impl<'a> Btf<'a> {
             id = t;
         }
         Some((off, id))
+    }
+
+    /// The id of the struct named `name`, here or in the base.
+    fn struct_named(&self, name: &str) -> Option<u32> {
+        self.types
+            .iter()
+            .position(|(info, t)| {
+                Self::kind(*info) == KIND_STRUCT && self.name_of(t) == name.as_bytes()
+            })
+            .map(|i| i as u32 + self.first_id())
+            .or_else(|| self.base?.struct_named(name))
     }
 
     /// Whether an enum of this BTF has an enumerator named `name` (what a

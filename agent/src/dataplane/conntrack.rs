@@ -148,6 +148,33 @@ const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
+/// `IPCTNL_MSG_CT_GET`.
+const IPCTNL_MSG_CT_GET: u16 = 1;
+
+/// Sends ctnetlink one request (a get without a tuple, which it refuses):
+/// where conntrack is a module not loaded yet, the kernel loads it to
+/// answer (`nfnetlink-subsys-1`, `nf_conntrack_netlink`, which needs
+/// `nf_conntrack`), as it would for `conntrack -L`. The answer itself is
+/// not needed.
+pub(crate) fn poke_ctnetlink() {
+    let Ok(sock) = Socket::open() else {
+        return;
+    };
+    let mut buf = Vec::new();
+    message(
+        &mut buf,
+        1,
+        (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
+        NLM_F_REQUEST | NLM_F_ACK,
+        AF_INET,
+        0,
+        &[],
+    );
+    if sock.send(&buf).is_ok() {
+        let _ = sock.acks(1);
+    }
+}
+
 /// The ctnetlink update that makes `req`'s entry liberal both ways (an
 /// update only: without NLM_F_CREATE nothing is created). The tuple may be
 /// either direction's: the lookup finds both.

@@ -12,21 +12,18 @@
 //! filesystem holds no regular files): a rollback stays within one layout.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     io,
-    os::fd::AsFd as _,
+    os::fd::{AsFd as _, OwnedFd},
     path::{Path, PathBuf},
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use aya::{
-    Ebpf,
-    programs::{
-        Program, SchedClassifier, Xdp,
-        links::{FdLink, LinkType, PinnedLink},
-        tc::SchedClassifierLink,
-        xdp::XdpLink,
-    },
+use aya::programs::{
+    Program, SchedClassifier, Xdp,
+    links::{FdLink, LinkType, PinnedLink},
+    tc::SchedClassifierLink,
+    xdp::XdpLink,
 };
 use aya_obj::programs::XdpAttachType;
 use dataplane_common::{LAYOUT_VERSION, program_names};
@@ -64,15 +61,11 @@ fn previous(pins: &PinDir) -> PathBuf {
 /// The programs of one generation, opened from their pins.
 pub(crate) type Generation = HashMap<String, Program>;
 
-/// Loads every program of `ebpf` into the kernel and pins it as the
-/// current generation; the generation it replaces becomes the previous
-/// one (an older previous one is dropped). Nothing attached changes.
-///
-/// The XDP program is optional (decapsulation falls back to TC): left out
-/// where `xdp` says the kernel has no XDP for it, and where the kernel
-/// refuses it all the same (said once, with the verifier's words). Returns
-/// whether it is in the generation.
-pub(crate) fn install(pins: &PinDir, ebpf: &mut Ebpf, xdp: bool) -> Result<bool> {
+/// Pins `programs` (loaded, by name) as the current generation; the
+/// generation it replaces becomes the previous one (an older previous one
+/// is dropped). Nothing attached changes. A program the kernel could not
+/// load where it is optional (the XDP one) is simply not in it.
+pub(crate) fn install(pins: &PinDir, programs: &BTreeMap<String, OwnedFd>) -> Result<()> {
     // Programs an earlier release attached without pinning a generation
     // become the previous one all the same.
     if !current(pins).exists() && pins.has_links() {
@@ -82,24 +75,14 @@ pub(crate) fn install(pins: &PinDir, ebpf: &mut Ebpf, xdp: bool) -> Result<bool>
     remove_dir(&staging)?;
     std::fs::create_dir_all(staging.join(layout_marker(LAYOUT_VERSION)))
         .with_context(|| format!("creating {}", staging.display()))?;
-    let mut with_xdp = xdp;
     for (name, is_xdp) in ALL {
-        if is_xdp && !xdp {
-            continue;
-        }
-        let p = ebpf
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("the eBPF object has no program {name}"))?;
-        match load(name, p) {
-            Ok(()) => {}
-            Err(e) if is_xdp => {
-                tracing::warn!(program = name, error = %format!("{e:#}"), "the kernel refuses the XDP decapsulation program: decapsulating in TC");
-                with_xdp = false;
+        let Some(fd) = programs.get(name) else {
+            if is_xdp {
                 continue;
             }
-            Err(e) => return Err(e),
-        }
-        p.pin(staging.join(name))
+            bail!("program {name} was not loaded");
+        };
+        crate::sys::bpf::pin(fd.as_fd(), &staging.join(name))
             .with_context(|| format!("pinning program {name}"))?;
     }
     let (cur, prev) = (current(pins), previous(pins));
@@ -107,22 +90,7 @@ pub(crate) fn install(pins: &PinDir, ebpf: &mut Ebpf, xdp: bool) -> Result<bool>
         remove_dir(&prev)?;
         rename(&cur, &prev)?;
     }
-    rename(&staging, &cur)?;
-    Ok(with_xdp)
-}
-
-/// Loads `p` into the kernel unless it is already.
-fn load(name: &str, p: &mut Program) -> Result<()> {
-    match p {
-        Program::SchedClassifier(p) if p.fd().is_err() => p
-            .load()
-            .with_context(|| format!("loading TC program {name}")),
-        Program::Xdp(p) if p.fd().is_err() => p
-            .load()
-            .with_context(|| format!("loading XDP program {name}")),
-        Program::SchedClassifier(_) | Program::Xdp(_) => Ok(()),
-        _ => bail!("{name} is neither an XDP nor a TC program"),
-    }
+    rename(&staging, &cur)
 }
 
 /// The current generation, opened from its pins.

@@ -7,15 +7,17 @@
 //! sees a moment without a program, and the maps keep their entries.
 
 use std::{
+    collections::BTreeMap,
     ffi::CString,
     io,
+    os::fd::{AsFd as _, OwnedFd},
     path::{Path, PathBuf},
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::maps::{MapData, MapInfo};
 use aya::{
-    Ebpf, EbpfLoader, TestRun as _, TestRunOptions,
+    Ebpf, EbpfLoader,
     programs::{
         LinkOrder, Program, SchedClassifier, TcAttachType, Xdp, XdpMode as AyaXdpMode,
         links::{FdLink, LinkError, PinnedLink},
@@ -26,10 +28,13 @@ use aya::{
 use aya_obj::maps::PinningType;
 use dataplane_common::map_names;
 
+use crate::sys::bpf::ProgType;
+
 use super::{
     bpffs::PinDir,
     generations::{self, Generation},
     kfuncs::{self, KernelBtf},
+    load_programs,
     netkit::{self, NetkitHook},
     netlink::Netlink,
     types::XdpMode,
@@ -184,7 +189,10 @@ pub(crate) struct Replaced {
 
 /// The loaded object: programs ready to attach, maps pinned.
 pub struct Loaded {
+    /// The maps (aya created or reused them) and the drop trace's buffer.
     ebpf: Ebpf,
+    /// This load's programs, in the kernel (not attached anywhere yet).
+    programs: BTreeMap<String, OwnedFd>,
     /// The programs attaches use: the current generation's pins (see
     /// [`generations`]), after [`Loaded::install`] or
     /// [`Loaded::keep_running`].
@@ -245,15 +253,41 @@ impl Loaded {
             .map_max_entries(map_names::VTEPS6, opts.max_peers)
             .default_map_pin_directory(pins.maps())
             .load(object.bytes())
-            .context("loading the eBPF object (maps and programs)")?;
+            .context("loading the eBPF object's maps")?;
+        // The module's BTF (conntrack a module), held until the programs
+        // are loaded: each then holds the module itself.
+        let module = match &btf {
+            Some(b) => b.open_module()?,
+            None => None,
+        };
+        let mut programs = BTreeMap::new();
+        let mut xdp = opts.kernel.xdp;
+        for (name, p) in load_programs::load_all(object.bytes(), &ebpf, module.as_ref())? {
+            match (p.ty, p.fd) {
+                (ProgType::Xdp, _) if !opts.kernel.xdp => {}
+                (_, Ok(fd)) => {
+                    programs.insert(name, fd);
+                }
+                // XDP decapsulation is optional: TC decapsulates instead.
+                (ProgType::Xdp, Err(e)) => {
+                    tracing::warn!(program = %name, error = %e, "the kernel refuses the XDP decapsulation program: decapsulating in TC");
+                    xdp = false;
+                }
+                (ty, Err(e)) => {
+                    return Err(anyhow::Error::new(e))
+                        .with_context(|| format!("loading {} program {name}", ty.as_str()));
+                }
+            }
+        }
         Ok(Self {
             ebpf,
+            programs,
             active: Generation::new(),
             pins: pins.clone(),
             replaced,
             trace_drops: opts.trace_drops,
             conntrack: btf.is_some(),
-            xdp: opts.kernel.xdp,
+            xdp,
         })
     }
 
@@ -263,7 +297,7 @@ impl Loaded {
     /// is left out where the kernel has no XDP for it, or refuses it: XDP
     /// decapsulation is optional (TC decapsulates instead).
     pub fn install(&mut self) -> Result<()> {
-        self.xdp = generations::install(&self.pins, &mut self.ebpf, self.xdp)?;
+        generations::install(&self.pins, &self.programs)?;
         self.active = generations::open(&self.pins)?;
         Ok(())
     }
@@ -342,37 +376,13 @@ impl Loaded {
     /// Runs `program` once on `frame` (`BPF_PROG_TEST_RUN`, nothing
     /// attached): its return value and the frame it left.
     pub(crate) fn test_run(&mut self, program: &str, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
-        let prog = self
-            .ebpf
-            .program_mut(program)
-            .ok_or_else(|| anyhow!("the eBPF object has no program {program}"))?;
+        let fd = self
+            .programs
+            .get(program)
+            .ok_or_else(|| anyhow!("program {program} is not loaded"))?;
         // Room for what encapsulation adds.
-        let mut out = vec![0u8; frame.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ..TestRunOptions::default()
-        };
-        let r = match prog {
-            Program::Xdp(p) => {
-                if p.fd().is_err() {
-                    p.load()
-                        .with_context(|| format!("loading XDP program {program}"))?;
-                }
-                p.test_run(opts)
-            }
-            Program::SchedClassifier(p) => {
-                if p.fd().is_err() {
-                    p.load()
-                        .with_context(|| format!("loading TC program {program}"))?;
-                }
-                p.test_run(opts)
-            }
-            _ => bail!("{program} is neither an XDP nor a TC program"),
-        }
-        .with_context(|| format!("test run of {program}"))?;
-        out.truncate(r.data_size_out as usize);
-        Ok((r.return_value, out))
+        crate::sys::bpf::test_run(fd.as_fd(), frame, 256)
+            .with_context(|| format!("test run of {program}"))
     }
 
     /// The pinned maps this load replaced.

@@ -18,6 +18,7 @@ mod generations;
 mod host;
 mod kernel;
 mod kfuncs;
+mod load_programs;
 mod loader;
 mod maps;
 mod netfilter;

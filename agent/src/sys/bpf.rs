@@ -10,9 +10,9 @@
 //! not know, so what is left out is what an older kernel lacks).
 
 use std::{
-    ffi::CString,
+    ffi::{CStr, CString},
     io,
-    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
     path::Path,
 };
 
@@ -22,7 +22,10 @@ const BPF_PROG_LOAD: i64 = 5;
 const BPF_OBJ_PIN: i64 = 6;
 const BPF_OBJ_GET: i64 = 7;
 const BPF_PROG_TEST_RUN: i64 = 10;
+const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
 pub(crate) const BPF_PROG_QUERY: i64 = 16;
+const BPF_BTF_GET_FD_BY_ID: i64 = 19;
+const BPF_BTF_GET_NEXT_ID: i64 = 23;
 pub(crate) const BPF_LINK_CREATE: i64 = 28;
 pub(crate) const BPF_LINK_UPDATE: i64 = 29;
 
@@ -131,9 +134,25 @@ pub(crate) struct ProgLoad<'a> {
     pub(crate) insns: &'a [Insn],
     /// Shown by `bpftool prog` (15 bytes kept).
     pub(crate) name: &'a str,
+    /// The program's license (kfuncs and many helpers want one compatible
+    /// with the GPL).
+    pub(crate) license: &'a CStr,
     /// BTF objects the program's kfunc calls name by index (`off`); slot 0
     /// is never read (0 means vmlinux), so the first BTF goes at index 1.
     pub(crate) fd_array: &'a [i32],
+}
+
+impl<'a> ProgLoad<'a> {
+    /// A probe: a GPL program of type `ty`.
+    pub(crate) fn probe(ty: ProgType, insns: &'a [Insn], fd_array: &'a [i32]) -> Self {
+        Self {
+            ty,
+            insns,
+            name: "weft_probe",
+            license: c"GPL",
+            fd_array,
+        }
+    }
 }
 
 /// A refused load: the error and the verifier's last lines.
@@ -169,11 +188,22 @@ impl std::fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
-/// Loads a program (license GPL: kfuncs and most helpers want it), with
-/// the verifier's log kept for a refusal.
+/// Loads a program. A small one (a probe) is loaded with the verifier's
+/// log on; a large one without (its log would overflow any buffer), and
+/// only if the kernel refuses it again with the log, for the reason.
 pub(crate) fn prog_load(p: &ProgLoad<'_>) -> Result<OwnedFd, LoadError> {
-    let license = c"GPL";
-    let mut log = vec![0u8; 64 * 1024];
+    const SMALL: usize = 256;
+    if p.insns.len() > SMALL
+        && let Ok(fd) = prog_load_with_log(p, 0)
+    {
+        return Ok(fd);
+    }
+    prog_load_with_log(p, 1)
+}
+
+fn prog_load_with_log(p: &ProgLoad<'_>, log_level: u32) -> Result<OwnedFd, LoadError> {
+    // The kernel keeps the log's tail when it is longer (Linux 6.4).
+    let mut log = vec![0u8; if log_level > 0 { 1 << 20 } else { 0 }];
     let mut name = [0u8; 16];
     for (d, s) in name.iter_mut().zip(p.name.bytes().take(15)) {
         *d = s;
@@ -182,10 +212,12 @@ pub(crate) fn prog_load(p: &ProgLoad<'_>) -> Result<OwnedFd, LoadError> {
     a.put_u32(0, p.ty.raw())
         .put_u32(4, p.insns.len() as u32)
         .put_u64(8, p.insns.as_ptr() as u64)
-        .put_u64(16, license.as_ptr() as u64)
-        .put_u32(24, 1)
-        .put_u32(28, log.len() as u32)
-        .put_u64(32, log.as_mut_ptr() as u64);
+        .put_u64(16, p.license.as_ptr() as u64);
+    if log_level > 0 {
+        a.put_u32(24, log_level)
+            .put_u32(28, log.len() as u32)
+            .put_u64(32, log.as_mut_ptr() as u64);
+    }
     a.0[48..64].copy_from_slice(&name);
     if !p.fd_array.is_empty() {
         // `fd_array_cnt` (6.14) stays 0: with it every slot would have to
@@ -226,9 +258,13 @@ pub(crate) fn map_create(m: &MapCreate) -> io::Result<OwnedFd> {
 }
 
 /// Runs the program once on `data` (`BPF_PROG_TEST_RUN`): its return
-/// value.
-pub(crate) fn test_run(prog: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
-    let mut out = vec![0u8; data.len() + 256];
+/// value and the frame it left (room for `grow` more bytes than it got).
+pub(crate) fn test_run(
+    prog: BorrowedFd<'_>,
+    data: &[u8],
+    grow: usize,
+) -> io::Result<(u32, Vec<u8>)> {
+    let mut out = vec![0u8; data.len() + grow];
     let mut a = Attr::new();
     a.put_u32(0, prog.as_raw_fd() as u32)
         .put_u32(8, data.len() as u32)
@@ -237,7 +273,8 @@ pub(crate) fn test_run(prog: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
         .put_u64(24, out.as_mut_ptr() as u64)
         .put_u32(32, 1);
     bpf(BPF_PROG_TEST_RUN, &mut a)?;
-    Ok(a.u32_at(4))
+    out.truncate((a.u32_at(12) as usize).min(out.len()));
+    Ok((a.u32_at(4), out))
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {
@@ -266,10 +303,60 @@ pub(crate) fn open_pin(path: &Path) -> io::Result<Option<OwnedFd>> {
     }
 }
 
+/// A BTF object the kernel holds: vmlinux's, a module's, or a program's.
+#[derive(Debug)]
+pub(crate) struct BtfObject {
+    pub(crate) id: u32,
+    pub(crate) fd: OwnedFd,
+}
+
+/// The kernel's BTF object named `name` (a module's name, or "vmlinux"),
+/// opened; None if the kernel holds none of that name (the module is not
+/// loaded, or was built without BTF).
+pub(crate) fn kernel_btf(name: &str) -> io::Result<Option<BtfObject>> {
+    let mut id = 0u32;
+    loop {
+        let mut a = Attr::new();
+        a.put_u32(0, id);
+        match bpf(BPF_BTF_GET_NEXT_ID, &mut a) {
+            Ok(_) => id = a.u32_at(4),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let mut a = Attr::new();
+        a.put_u32(0, id);
+        let fd = match bpf(BPF_BTF_GET_FD_BY_ID, &mut a) {
+            Ok(fd) => owned(fd),
+            // Gone between the two calls.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(e),
+        };
+        let (got, kernel) = btf_info(fd.as_fd())?;
+        if kernel && got == name {
+            return Ok(Some(BtfObject { id, fd }));
+        }
+    }
+}
+
+/// The name of the BTF object `fd` and whether it is the kernel's own.
+fn btf_info(fd: BorrowedFd<'_>) -> io::Result<(String, bool)> {
+    let mut name = [0u8; 64];
+    // struct bpf_btf_info: btf, btf_size, id, name, name_len, kernel_btf.
+    let mut info = [0u8; 32];
+    info[16..24].copy_from_slice(&(name.as_mut_ptr() as u64).to_ne_bytes());
+    info[24..28].copy_from_slice(&(name.len() as u32).to_ne_bytes());
+    let mut a = Attr::new();
+    a.put_u32(0, fd.as_raw_fd() as u32)
+        .put_u32(4, info.len() as u32)
+        .put_u64(8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut a)?;
+    let kernel = u32::from_ne_bytes(info[28..32].try_into().expect("4 bytes")) != 0;
+    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    Ok((String::from_utf8_lossy(&name[..end]).into_owned(), kernel))
+}
+
 #[cfg(test)]
 mod tests {
-    use std::os::fd::AsFd as _;
-
     use super::*;
 
     const EXIT: Insn = Insn::new(0x95, 0, 0, 0, 0);
@@ -277,26 +364,23 @@ mod tests {
 
     #[test]
     fn loads_and_runs_a_tiny_program() {
-        let fd = prog_load(&ProgLoad {
-            ty: ProgType::Xdp,
-            insns: &[MOV_R0_2, EXIT],
-            name: "weft_test",
-            fd_array: &[],
-        })
-        .expect("a two-instruction XDP program loads");
-        assert_eq!(test_run(fd.as_fd(), &[0u8; 64]).unwrap(), 2);
+        let fd = prog_load(&ProgLoad::probe(ProgType::Xdp, &[MOV_R0_2, EXIT], &[]))
+            .expect("a two-instruction XDP program loads");
+        let (ret, frame) = test_run(fd.as_fd(), &[7u8; 64], 0).unwrap();
+        assert_eq!((ret, frame), (2, vec![7u8; 64]));
     }
 
     #[test]
     fn a_refusal_carries_the_verifiers_words() {
         // r0 is never set.
-        let e = prog_load(&ProgLoad {
-            ty: ProgType::SchedCls,
-            insns: &[EXIT],
-            name: "weft_test",
-            fd_array: &[],
-        })
-        .expect_err("refused");
+        let e = prog_load(&ProgLoad::probe(ProgType::SchedCls, &[EXIT], &[])).expect_err("refused");
         assert!(e.reason().contains("R0 !read_ok"), "{e}");
+    }
+
+    #[test]
+    fn finds_vmlinux_btf_and_not_a_module_that_does_not_exist() {
+        let v = kernel_btf("vmlinux").unwrap().expect("vmlinux BTF");
+        assert!(v.id > 0);
+        assert!(kernel_btf("weft_no_such_module").unwrap().is_none());
     }
 }

@@ -409,12 +409,7 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
         }
         "weft_wireguard" => {
             let keys = [WgKeyFile::new()?, WgKeyFile::new()?];
-            let routing = if crate::conntrack_kfuncs() {
-                HostRouting::Auto
-            } else {
-                eprintln!("  no conntrack kfuncs here: {cfg} runs with --host-routing bpf");
-                HostRouting::Bpf
-            };
+            let routing = HostRouting::Auto;
             let pins = vec![TestPins::new(), TestPins::new()];
             for (a, n) in nodes.iter_mut().enumerate() {
                 let o_index = 2 - a as u8;
@@ -490,14 +485,6 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
         "weft" | "weft_rps" | "weft_bpf" | "weft_legacy" | "weft_xdp" | "weft_unreg"
         | "weft_nopmtu" | "weft_netkit" => {
             let (mode, routing) = match cfg {
-                // Where the conntrack kfuncs are out of reach (conntrack as
-                // a module, as in Debian's kernels: the VM), `auto` sends
-                // every flow through the stack; the fast path of veth and
-                // netkit pods is then measured without the gate.
-                "weft" | "weft_netkit" if !crate::conntrack_kfuncs() => {
-                    eprintln!("  no conntrack kfuncs here: {cfg} runs with --host-routing bpf");
-                    (XdpMode::Auto, HostRouting::Bpf)
-                }
                 "weft" | "weft_rps" | "weft_unreg" | "weft_nopmtu" | "weft_netkit" => {
                     (XdpMode::Auto, HostRouting::Auto)
                 }

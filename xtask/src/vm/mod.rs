@@ -369,6 +369,10 @@ pub(crate) fn matrix() -> Vec<Options> {
         Options::new(
             "6.12",
             &[
+                // First, before anything else loads conntrack: the agent
+                // loads the module itself, calls its kfuncs through the
+                // module's BTF, and holds it.
+                "conntrack_module",
                 "kernel_support",
                 "datapath:every_pod_reaches_every_other_pod_and_nodes_reach_remote_pods,\
                  tc_decapsulation_fallback_carries_traffic_too,\
@@ -376,20 +380,26 @@ pub(crate) fn matrix() -> Vec<Options> {
                  oversized_packets_get_icmp_or_a_counted_drop,\
                  interop_with_a_flannel_node_using_the_kernel_vxlan_device,\
                  vxlan_that_arrives_as_fragments_is_reassembled_checked_and_counted",
-                // flannel's wireguard backend: the host's kernel has no
-                // WireGuard.
+                // flannel's wireguard backend (the host's kernel has no
+                // WireGuard), its fast path under auto's conntrack gate.
                 "wireguard",
             ],
         ),
         Options::new(
             "6.12",
             &[
+                // auto's fast path with conntrack a module: its source
+                // check, its share of a flow, XDP's frame mark.
                 "host_routing:spoofed_sources_never_leave_the_node_under_auto,\
+                 the_fast_path_carries_at_least_99_percent_of_a_flow,\
                  host_routing_after_xdp_decapsulation",
                 // The kernel features as probed: this kernel lets XDP mark
-                // its frames (the host's refuses bpf_xdp_adjust_meta) and
-                // has netkit.
+                // its frames (the host's refuses bpf_xdp_adjust_meta), has
+                // netkit, and conntrack as a module.
                 "kernel_features:the_agent_reports_what_this_kernel_refuses_and_says_it_once",
+                // conntrack kept true by flows on the fast path, with the
+                // module's kfuncs.
+                "long_flows",
                 // netkit pods: the host's kernel has none.
                 "netkit",
             ],

@@ -104,7 +104,7 @@ pub(crate) const SPECS: [Spec; 8] = [
     Spec {
         name: names::CONNTRACK,
         required: false,
-        what: "conntrack's kfuncs (bpf_skb_ct_lookup, bpf_ct_release, bpf_ct_change_timeout, bpf_ct_change_status) and the options' size they take",
+        what: "conntrack's kfuncs (bpf_skb_ct_lookup, bpf_ct_release, bpf_ct_change_timeout, bpf_ct_change_status) in vmlinux's BTF or the nf_conntrack module's, and the options' size they take",
         lost: "the fast path of --host-routing auto (it asks conntrack which flows may bypass the host stack)",
         instead: "under auto every flow takes the host stack, as under legacy, and pods' sources are still checked at their veth; --host-routing bpf still bypasses, without asking conntrack",
     },
@@ -318,41 +318,36 @@ impl KernelFeatures {
         }
     }
 
-    /// The conntrack kfuncs: resolved in the kernel's BTF, loaded in a
-    /// program and run with each size of options, smallest first (12 is
-    /// what every kernel with the kfuncs takes; 16, with conntrack zones,
-    /// only Linux 6.11 and later).
+    /// The conntrack kfuncs: resolved in the kernel's BTF (vmlinux's, or
+    /// the `nf_conntrack` module's, the module loaded first if it is not),
+    /// loaded in a program and run with each size of options, smallest
+    /// first (12 is what every kernel with the kfuncs takes; 16, with
+    /// conntrack zones, only Linux 6.11 and later).
     fn probe_conntrack(&mut self) {
-        let r = match KernelBtf::read() {
-            Err(e) => Err(format!("{e:#}")),
-            Ok(btf) => {
+        let r = KernelBtf::read()
+            .and_then(|btf| Ok((btf.open_module()?, btf)))
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|(module, btf)| {
                 let k = probe::Kfuncs {
                     lookup: btf.kfuncs["bpf_skb_ct_lookup"],
                     release: btf.kfuncs["bpf_ct_release"],
-                    module: None,
+                    module: module.as_ref().map(std::os::fd::AsFd::as_fd),
                 };
                 let mut refusals = Vec::new();
-                let mut size = None;
                 for n in [12, 16] {
                     match probe::conntrack(&k, n) {
                         Verdict::Accepted => {
-                            size = Some(n);
-                            break;
+                            self.ct_opts_size = Some(n);
+                            return Ok(format!(
+                                "in {}; lookups take {n} bytes of options",
+                                btf.source
+                            ));
                         }
                         Verdict::Refused(why) => refusals.push(why),
                     }
                 }
-                match size {
-                    Some(n) => {
-                        self.ct_opts_size = Some(n);
-                        Ok(format!(
-                            "in vmlinux's BTF; lookups take {n} bytes of options"
-                        ))
-                    }
-                    None => Err(refusals.join("; ")),
-                }
-            }
-        };
+                Err(format!("in {}, but {}", btf.source, refusals.join("; ")))
+            });
         self.set(names::CONNTRACK, r);
     }
 

@@ -72,12 +72,7 @@ impl Verdict {
 
 /// Whether programs of type `ty` load at all (`r0 = 0; exit`).
 pub(crate) fn program_type(ty: ProgType) -> Verdict {
-    match bpf::prog_load(&ProgLoad {
-        ty,
-        insns: &[mov_imm(0, 0), EXIT],
-        name: "weft_probe",
-        fd_array: &[],
-    }) {
+    match bpf::prog_load(&ProgLoad::probe(ty, &[mov_imm(0, 0), EXIT], &[])) {
         Ok(_) => Verdict::Accepted,
         Err(e) => Verdict::Refused(e.to_string()),
     }
@@ -89,12 +84,7 @@ pub(crate) fn program_type(ty: ProgType) -> Verdict {
 /// read the verifier's log the same way).
 pub(crate) fn helper(ty: ProgType, id: u32) -> Verdict {
     let insns = [call_helper(id), mov_imm(0, 0), EXIT];
-    match bpf::prog_load(&ProgLoad {
-        ty,
-        insns: &insns,
-        name: "weft_probe",
-        fd_array: &[],
-    }) {
+    match bpf::prog_load(&ProgLoad::probe(ty, &insns, &[])) {
         Ok(_) => Verdict::Accepted,
         Err(e) => {
             let why = e.reason();
@@ -179,17 +169,12 @@ pub(crate) fn conntrack(k: &Kfuncs<'_>, opts_size: u32) -> Verdict {
         Some(fd) => vec![0, std::os::fd::AsRawFd::as_raw_fd(&fd)],
         None => vec![],
     };
-    let prog = match bpf::prog_load(&ProgLoad {
-        ty: ProgType::SchedCls,
-        insns: &insns,
-        name: "weft_probe_ct",
-        fd_array: &fd_array,
-    }) {
+    let prog = match bpf::prog_load(&ProgLoad::probe(ProgType::SchedCls, &insns, &fd_array)) {
         Ok(p) => p,
         Err(e) => return Verdict::Refused(e.reason()),
     };
     // An Ethernet frame of zeros: the program reads nothing of it.
-    match bpf::test_run(prog.as_fd(), &[0u8; 64]) {
+    match bpf::test_run(prog.as_fd(), &[0u8; 64], 0).map(|(r, _)| r) {
         Ok(0) | Ok(ENOENT) => Verdict::Accepted,
         Ok(EINVAL) => Verdict::Refused(format!(
             "bpf_skb_ct_lookup refuses {opts_size} bytes of options (-EINVAL)"
