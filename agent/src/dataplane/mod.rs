@@ -8,6 +8,7 @@
 //! knows only the node's subnets (`lease::Subnets`); of the command line,
 //! only that `XdpMode` and `HostRouting` are its values (`clap::ValueEnum`).
 
+mod backend_switch;
 mod bpffs;
 mod btf;
 mod config;
@@ -131,6 +132,8 @@ impl Dataplane {
             Kind::Ebpf { spec, overlay } => match overlay {
                 Some(o) => o.set_subnet(subnets).await,
                 None => {
+                    backend_switch::remove_other(backend_switch::Backend::Vxlan, &spec.pins)
+                        .await?;
                     let o = Overlay::setup(spec, subnets).await?;
                     tracing::info!(
                         device = %device_name(spec.vni),
@@ -148,6 +151,8 @@ impl Dataplane {
             Kind::Wireguard { spec, wg } => match wg {
                 Some(w) => w.set_subnet(subnets).await,
                 None => {
+                    backend_switch::remove_other(backend_switch::Backend::Wireguard, &spec.pins)
+                        .await?;
                     let w = wireguard::WgOverlay::setup(spec.clone(), subnets).await?;
                     tracing::info!(
                         devices = ?w.devices(),
@@ -357,6 +362,15 @@ impl Dataplane {
         match &self.kind {
             Kind::Ebpf { spec, .. } => spec.port,
             Kind::Off { .. } | Kind::Wireguard { .. } => 0,
+        }
+    }
+
+    /// This node's IPv4 VTEP address (the outer source of what it
+    /// encapsulates), with the VXLAN datapath.
+    pub(crate) fn vtep4(&self) -> Option<std::net::Ipv4Addr> {
+        match &self.kind {
+            Kind::Ebpf { spec, .. } => spec.public_ip,
+            Kind::Off { .. } | Kind::Wireguard { .. } => None,
         }
     }
 

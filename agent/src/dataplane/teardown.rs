@@ -19,27 +19,49 @@ use super::{
 /// the host settings it changed. Safe to run twice; returns what it
 /// removed.
 pub(crate) async fn teardown(pins: &PinDir, vni: u32, state_dir: &Path) -> Result<Vec<String>> {
-    let mut removed = Vec::new();
     let nl = Netlink::new()?;
-    let pinned = loader::pinned_links(pins)?;
-    let dev = device_name(vni);
-    for (hook, iface, _) in &pinned {
-        let pins = pins.clone();
-        let (hook, name) = (*hook, iface.clone());
-        if off_runtime(move || loader::detach(&pins, hook, &name))? {
-            removed.push(format!("{} program on {iface}", hook.name()));
-        }
-    }
+    let mut removed = remove_links(pins)?;
     // Weft routes go with the device; remove any left on other devices.
     for r in nl.weft_routes().await? {
         nl.del_route(&r).await?;
         removed.push(format!("route {}/{}", r.dst, r.prefix_len));
     }
-    for dev in [dev, device6_name(vni), receive_device_name(vni)] {
+    for dev in [
+        device_name(vni),
+        device6_name(vni),
+        receive_device_name(vni),
+    ] {
         if nl.delete_link(&dev).await? {
             removed.push(format!("device {dev}"));
         }
     }
+    removed.extend(remove_maps(pins)?);
+    removed.extend(netfilter::remove()?);
+    removed.extend(host::restore(state_dir)?);
+    PinDir::unannounce(state_dir);
+    Ok(removed)
+}
+
+/// Detaches every program whose link is pinned under `pins` (unpinning the
+/// link detaches it); returns what was detached.
+pub(crate) fn remove_links(pins: &PinDir) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for (hook, iface, _) in loader::pinned_links(pins)? {
+        let pins = pins.clone();
+        let name = iface.clone();
+        if off_runtime(move || loader::detach(&pins, hook, &name))? {
+            removed.push(format!("{} program on {iface}", hook.name()));
+        }
+    }
+    let _ = std::fs::remove_dir(pins.links());
+    Ok(removed)
+}
+
+/// Removes the pinned maps (every layout version's) and both generations
+/// of pinned programs (the programs themselves go with their last
+/// reference); returns the maps removed.
+pub(crate) fn remove_maps(pins: &PinDir) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
     let mut dirs: Vec<std::path::PathBuf> = vec![pins.maps()];
     dirs.extend(pins.other_map_versions().into_iter().map(|(_, d)| d));
     for maps_dir in dirs {
@@ -56,12 +78,6 @@ pub(crate) async fn teardown(pins: &PinDir, vni: u32, state_dir: &Path) -> Resul
         }
         let _ = std::fs::remove_dir(&maps_dir);
     }
-    let _ = std::fs::remove_dir(pins.links());
-    if generations::remove_all(pins).is_ok() {
-        // (The programs themselves go with their last reference.)
-    }
-    removed.extend(netfilter::remove()?);
-    removed.extend(host::restore(state_dir)?);
-    PinDir::unannounce(state_dir);
+    generations::remove_all(pins)?;
     Ok(removed)
 }

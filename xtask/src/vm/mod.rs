@@ -383,6 +383,9 @@ pub(crate) fn matrix() -> Vec<Options> {
                 // flannel's wireguard backend (the host's kernel has no
                 // WireGuard), its fast path under auto's conntrack gate.
                 "wireguard",
+                // A switch between the backends, both ways: nothing of
+                // the old one left.
+                "backend_switch",
             ],
         ),
         Options::new(
