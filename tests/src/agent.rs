@@ -48,6 +48,8 @@ pub struct Agent {
     env: Vec<(String, String)>,
     /// A cgroup (its directory) the process starts in.
     cgroup: Option<PathBuf>,
+    /// Started as PID 1 of a PID namespace of its own, as in a container.
+    pid_namespace: bool,
     /// The loopback port of the health and metrics server the helper gave
     /// an agent in the host's namespace (unless its arguments name one).
     healthz_port: Option<u16>,
@@ -131,6 +133,7 @@ impl Agent {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             cgroup: None,
+            pid_namespace: false,
             healthz_port: healthz_port(ns, args)?,
         };
         a.spawn()?;
@@ -157,6 +160,7 @@ impl Agent {
             netns: ns.map(|n| n.name().to_string()),
             env: Vec::new(),
             cgroup: Some(cgroup.to_path_buf()),
+            pid_namespace: false,
             healthz_port: healthz_port(ns, args)?,
         };
         a.spawn()?;
@@ -168,13 +172,26 @@ impl Agent {
             .create(true)
             .append(true)
             .open(self.log_path())?;
-        let mut cmd = match &self.netns {
-            Some(ns) => {
+        // As PID 1 of a PID namespace: unshare forks the agent into it and
+        // kills it when it is killed itself.
+        let pidns = ["unshare", "--pid", "--fork", "--kill-child"];
+        let mut cmd = match (&self.netns, self.pid_namespace) {
+            (Some(ns), false) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(weft_bin());
                 c
             }
-            None => Command::new(weft_bin()),
+            (Some(ns), true) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).args(pidns).arg(weft_bin());
+                c
+            }
+            (None, false) => Command::new(weft_bin()),
+            (None, true) => {
+                let mut c = Command::new(pidns[0]);
+                c.args(&pidns[1..]).arg(weft_bin());
+                c
+            }
         };
         cmd.arg("agent").args(&self.args);
         if !self.args.iter().any(|a| a == "--subnet-file") {
@@ -307,6 +324,12 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// From its next (re)start, the agent runs as PID 1 of a PID
+    /// namespace of its own, as it does in a container.
+    pub fn in_pid_namespace(&mut self) {
+        self.pid_namespace = true;
     }
 
     /// The arguments the agent is (re)started with.

@@ -260,6 +260,30 @@ pub fn ping(from: &Netns, to: impl Into<IpAddr>, count: u32) -> bool {
     .is_ok()
 }
 
+/// Whether `count` pings of `payload` bytes (IPv4: a packet of 28 more)
+/// with don't-fragment set from `from` to `to` are answered.
+pub fn ping_df(from: &Netns, to: impl Into<IpAddr>, payload: u32, count: u32) -> bool {
+    let to: IpAddr = to.into();
+    from.exec(
+        "ping",
+        &[
+            "-c",
+            &count.to_string(),
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+            "-q",
+            "-M",
+            "do",
+            "-s",
+            &payload.to_string(),
+            &to.to_string(),
+        ],
+    )
+    .is_ok()
+}
+
 /// Sets `node` up exactly as flannel's vxlan backend sets up a node:
 /// `flannel.1` (VNI 1, port 8472, no learning, MTU 1450) holding
 /// `<subnet>.0/32`, forwarding on. Returns flannel.1's MAC (its VtepMAC).

@@ -13,6 +13,7 @@ pub mod counters;
 pub mod dual;
 pub mod etcd;
 pub mod etcd_cluster;
+pub mod flood;
 pub mod forwarded;
 pub mod iperf;
 pub mod kernel;

@@ -197,6 +197,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
                 // Set once the dataplane knows the uplink.
                 path_mtu: None,
                 port: 0,
+                vtep: None,
             }
         }),
         prober: None,
@@ -772,6 +773,7 @@ impl Agent {
         {
             settings.path_mtu = self.dataplane.path_mtu_ceiling();
             settings.port = self.dataplane.vxlan_port();
+            settings.vtep = self.dataplane.vtep4();
             let p = health::Prober::start(settings)?;
             self.metrics.set_health(p.view());
             self.prober = Some(p);

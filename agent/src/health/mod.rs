@@ -56,7 +56,14 @@ pub(crate) struct Settings {
     /// The VXLAN UDP port: "fragmentation needed" about packets to it is a
     /// hint about a peer's path.
     pub port: u16,
+    /// This node's IPv4 VTEP address: a hint must quote a packet from it.
+    pub vtep: Option<std::net::Ipv4Addr>,
 }
+
+/// Messages one socket's queue is read for at most per pass: a flood of
+/// them (forged, or not) cannot hold the prober's thread, which sends and
+/// expires between passes whatever arrives.
+const DRAIN_MAX: usize = 64;
 
 /// The subnets among `known` that are not in `peers`: what a table
 /// forgets when the peer set becomes `peers`.
@@ -317,10 +324,8 @@ impl Bucket {
 /// The prober's loop: expire, send what is due within the rate bound,
 /// wait for answers until the next thing to do.
 fn run(s: &Shared) {
-    let id = (std::process::id() & 0xffff) as u16;
     let mut pingers: [Option<Pinger>; 2] = [None, None];
     let mut path_pinger: Option<Pinger> = None;
-    let path_id = id ^ 0x4000;
     let mut health = Bucket::new(health_rate(&s.settings));
     let mut path_tokens = Bucket::new(s.settings.rate.max(0.1) * PATH_SHARE);
     let mut warned = [false; 2];
@@ -337,7 +342,7 @@ fn run(s: &Shared) {
         for (_, target, seq) in due {
             let f = usize::from(target.is_ipv6());
             if pingers[f].is_none() {
-                match Pinger::open(target.is_ipv6(), id) {
+                match Pinger::open(target.is_ipv6()) {
                     Ok(p) => pingers[f] = Some(p),
                     Err(e) if !warned[f] => {
                         warned[f] = true;
@@ -376,8 +381,11 @@ fn run(s: &Shared) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if !due.is_empty() && path_pinger.is_none() {
-                match Pinger::open_path_probe(path_id, dataplane_common::PROBE_MARK) {
+            if !due.is_empty()
+                && path_pinger.is_none()
+                && let Some(vtep) = s.settings.vtep
+            {
+                match Pinger::open_path_probe(dataplane_common::PROBE_MARK, vtep, s.settings.port) {
                     Ok(p) => path_pinger = Some(p),
                     Err(e) => {
                         tracing::warn!(error = %format!("{e:#}"), "path MTU: cannot open the probe socket")
@@ -437,35 +445,58 @@ fn receive(
         return;
     }
     if let (Some(p), Some(path)) = (path_pinger.as_mut(), &s.path) {
-        while let Ok(Some(r)) = p.recv_any(Duration::from_micros(1)) {
+        let got = p.drain(DRAIN_MAX).unwrap_or_default();
+        if !got.is_empty() {
+            let now = Instant::now();
             let mut path = path.lock().expect("prober lock");
-            match r {
-                Received::Echo(e) => path.answered(e.seq, e.from, Instant::now()),
-                Received::FragNeeded { to, dport, mtu } if dport == s.settings.port => {
-                    path.hint(to, u32::from(mtu), Instant::now())
+            for r in got {
+                match r {
+                    Received::Echo(e) => path.answered(e.seq, e.from, e.size, now),
+                    // A hint quotes one of this node's VXLAN packets; it
+                    // only makes the path be checked at its size.
+                    Received::FragNeeded {
+                        from,
+                        to,
+                        dport,
+                        mtu,
+                    } if dport == s.settings.port && Some(from) == s.settings.vtep => {
+                        path.hint(to, u32::from(mtu), now)
+                    }
+                    Received::FragNeeded { .. } => {}
                 }
-                Received::FragNeeded { .. } => {}
             }
         }
     }
     for p in pingers.iter_mut().flatten() {
-        while let Ok(Some(e)) = p.recv(Duration::from_micros(1)) {
-            let now = Instant::now();
-            let mut t = s.table.lock().expect("prober lock");
+        let echoes: Vec<_> = p
+            .drain(DRAIN_MAX)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|r| match r {
+                Received::Echo(e) => Some(e),
+                Received::FragNeeded { .. } => None,
+            })
+            .collect();
+        if echoes.is_empty() {
+            continue;
+        }
+        let now = Instant::now();
+        let mut t = s.table.lock().expect("prober lock");
+        for e in echoes {
             t.answered(e.seq, e.from, now);
-            let rtts = std::mem::take(&mut t.rtts);
-            drop(t);
-            let mut h = s.hist.lock().expect("prober lock");
-            for r in rtts {
-                let secs = r.as_secs_f64();
-                for (i, b) in RTT_BUCKETS.iter().enumerate() {
-                    if secs <= *b {
-                        h.counts[i] += 1;
-                    }
+        }
+        let rtts = std::mem::take(&mut t.rtts);
+        drop(t);
+        let mut h = s.hist.lock().expect("prober lock");
+        for r in rtts {
+            let secs = r.as_secs_f64();
+            for (i, b) in RTT_BUCKETS.iter().enumerate() {
+                if secs <= *b {
+                    h.counts[i] += 1;
                 }
-                h.sum += secs;
-                h.count += 1;
             }
+            h.sum += secs;
+            h.count += 1;
         }
     }
 }
@@ -598,18 +629,20 @@ impl HealthView {
 }
 
 /// Probes each of `targets` once, all at once, and returns those that
-/// answered within `timeout` (the check around a program swap).
+/// answered within `timeout` (the check around a program swap). Bounded
+/// by `timeout` whatever arrives: a socket of its own (a random id and
+/// nonce, so neither the prober's replies nor forged ones count), read
+/// a bounded number of messages at a time between polls.
 pub(crate) fn answering(targets: &[IpAddr], timeout: Duration) -> Vec<IpAddr> {
-    // Another id than the prober's, so that neither takes the other's.
-    let id = ((std::process::id() & 0xffff) as u16) ^ 0x8000;
     let mut pingers: [Option<Pinger>; 2] = [None, None];
     let mut sent: Vec<(u16, IpAddr)> = Vec::new();
+    let first: u16 = rand::random();
     for (i, t) in targets.iter().enumerate() {
         let f = usize::from(t.is_ipv6());
         if pingers[f].is_none() {
-            pingers[f] = Pinger::open(t.is_ipv6(), id).ok();
+            pingers[f] = Pinger::open(t.is_ipv6()).ok();
         }
-        let seq = i as u16 + 1;
+        let seq = first.wrapping_add(i as u16);
         if let Some(p) = &pingers[f]
             && p.send(*t, seq, PROBE_SIZE).is_ok()
         {
@@ -623,10 +656,35 @@ pub(crate) fn answering(targets: &[IpAddr], timeout: Duration) -> Vec<IpAddr> {
         if left.is_zero() {
             break;
         }
+        let mut fds: Vec<libc::pollfd> = pingers
+            .iter()
+            .flatten()
+            .map(|p| libc::pollfd {
+                fd: p.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        if fds.is_empty() {
+            break;
+        }
+        // SAFETY: fds is a valid array of pollfd for its length.
+        let n = unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                left.as_millis().clamp(1, 1000) as libc::c_int,
+            )
+        };
+        if n <= 0 {
+            continue;
+        }
         for p in pingers.iter_mut().flatten() {
-            let wait = left.min(Duration::from_millis(20));
-            while let Ok(Some(e)) = p.recv(wait) {
-                if sent.contains(&(e.seq, e.from)) && !answered.contains(&e.from) {
+            for r in p.drain(DRAIN_MAX).unwrap_or_default() {
+                if let Received::Echo(e) = r
+                    && sent.contains(&(e.seq, e.from))
+                    && !answered.contains(&e.from)
+                {
                     answered.push(e.from);
                 }
             }

@@ -39,6 +39,9 @@ pub(crate) const TRIES: u8 = 2;
 const RETRY: Duration = Duration::from_millis(300);
 /// How often a measured path is searched upwards again.
 pub(crate) const RESEARCH: Duration = Duration::from_secs(600);
+/// A path measured below the base size is searched upwards again after
+/// this many recheck periods.
+const SHRUNK_RESEARCH_RECHECKS: u32 = 4;
 /// The smallest outer packet searched for (IPv6's minimum MTU: an underlay
 /// that carries less is not one VXLAN runs on).
 pub(crate) const FLOOR: u32 = 1280;
@@ -57,18 +60,43 @@ struct Search {
     hi: u32,
     /// Unanswered probes of the size in flight or next.
     misses: u8,
-    /// A smaller size the underlay's "fragmentation needed" named, to be
-    /// probed next.
-    hinted: Option<u32>,
-    /// The probe in flight: (seq, size, whether it checks a hint); when it
-    /// left is in [`PathMtus::in_flight`].
-    in_flight: Option<(u16, u32, bool)>,
+    /// What a "fragmentation needed" asked of the search (see
+    /// [`Hint`]).
+    hint: Option<Hint>,
+    /// The probe in flight: (seq, size, what for); when it left is in
+    /// [`PathMtus::in_flight`].
+    in_flight: Option<(u16, u32, Kind)>,
     next_at: Tick,
     /// What the dataplane was told, and when it was measured.
     mtu: Option<u32>,
     measured: Option<Stamp>,
     /// When the path is next searched upwards.
     research_at: Tick,
+}
+
+/// A smaller size the underlay's "fragmentation needed" named, and where
+/// its check is (RFC 8899, 4.6.2: a PTB is a reason to probe, not a
+/// measurement).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hint {
+    /// The size in use is checked next.
+    Check(u32),
+    /// The size in use was lost: this one is probed first on the way
+    /// down.
+    Next(u32),
+}
+
+/// What a probe in flight is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// The search's own.
+    Search,
+    /// The check of the size in use a hint asked for: lost once, the
+    /// hint was right (a forger can send a hint, not lose a probe).
+    Check,
+    /// The size a confirmed hint named: answered, it is used at once,
+    /// and the search goes upwards from it.
+    Hinted,
 }
 
 /// A peer's path MTU as `weft status` shows it.
@@ -112,6 +140,10 @@ pub(crate) struct PathMtus {
     /// Paths changed since the dataplane was last told: VTEP -> MTU (None:
     /// not measured, the base size applies).
     changes: HashMap<Ipv4Addr, Option<u32>>,
+    /// VTEPs whose hints are not taken before a time (one check per
+    /// recheck period: a flood of them costs a probe a period, not one
+    /// each); only VTEPs hinted lately are here.
+    hints_quiet: HashMap<Ipv4Addr, Tick>,
     /// Probes sent, and those answered.
     pub probes: u64,
     pub answered: u64,
@@ -134,6 +166,7 @@ impl PathMtus {
             by_seq: HashMap::new(),
             seq: 0,
             changes: HashMap::new(),
+            hints_quiet: HashMap::new(),
             probes: 0,
             answered: 0,
             hints: 0,
@@ -142,27 +175,41 @@ impl PathMtus {
     }
 
     /// The underlay said (ICMP "fragmentation needed") that an outer
-    /// packet to `vtep` met a hop of `mtu` bytes. Never believed alone: a
-    /// size below the one in use is probed at once, and only its answer
-    /// lowers the peer's MTU (after which the search looks upwards again,
-    /// so a forged message costs a few probes, not the path).
+    /// packet to `vtep` met a hop of `mtu` bytes. Never believed: anyone
+    /// can send one (a pod with CAP_NET_RAW, any host of the underlay), and
+    /// a probe of the named, smaller size always gets through. As RFC 8899
+    /// (4.6.2) has it, the size in use is probed again at once; only if
+    /// it is lost ([`TRIES`] times) does the path shrink, searched from
+    /// the named size upwards. A forged message costs one probe, never the
+    /// path; one that names more than the size in use is ignored.
     pub(crate) fn hint(&mut self, vtep: Ipv4Addr, mtu: u32, now: Instant) {
         if mtu < FLOOR {
             return;
         }
         let base = self.base();
+        let tick = Tick::of(now);
+        if self
+            .hints_quiet
+            .get(&vtep)
+            .is_some_and(|until| tick < *until)
+        {
+            return;
+        }
+        self.hints_quiet.retain(|_, until| tick < *until);
         for e in self.peers.values_mut().filter(|e| e.vtep == vtep) {
-            if mtu >= e.mtu.unwrap_or(base) || e.hinted.is_some() {
+            if mtu >= e.mtu.unwrap_or(base) || e.hint.is_some() {
                 continue;
             }
-            e.hinted = Some(mtu);
+            e.hint = Some(Hint::Check(mtu));
             e.misses = 0;
             self.hints += 1;
         }
         let now_due: Vec<IpNet> = self
             .peers
             .iter()
-            .filter(|(_, e)| e.vtep == vtep && e.hinted.is_some() && e.in_flight.is_none())
+            .filter(|(_, e)| {
+                e.vtep == vtep && matches!(e.hint, Some(Hint::Check(_))) && e.in_flight.is_none()
+            })
             .map(|(s, _)| *s)
             .collect();
         for subnet in now_due {
@@ -219,7 +266,7 @@ impl PathMtus {
                 lo: 0,
                 hi: self.ceiling + 1,
                 misses: 0,
-                hinted: None,
+                hint: None,
                 in_flight: None,
                 next_at: at,
                 mtu: None,
@@ -324,18 +371,23 @@ impl PathMtus {
             let Some(e) = self.peers.get(&subnet) else {
                 continue;
             };
-            let hinted = e.hinted;
-            let size = match hinted.or_else(|| self.next_size(e)) {
-                Some(s) => s,
-                None => {
-                    done.push(subnet);
-                    continue;
-                }
+            // A hint: the size in use, checked; or the size it named,
+            // where that was lost. Else what the search probes next.
+            let (size, kind) = match e.hint {
+                Some(Hint::Check(_)) => (Some(e.mtu.unwrap_or(self.base())), Kind::Check),
+                Some(Hint::Next(n)) => (Some(n), Kind::Hinted),
+                None => (self.next_size(e), Kind::Search),
+            };
+            let Some(size) = size else {
+                done.push(subnet);
+                continue;
             };
             let seq = self.next_seq();
             let e = self.peers.get_mut(&subnet).expect("listed above");
-            e.hinted = None;
-            e.in_flight = Some((seq, size, hinted.is_some()));
+            if kind != Kind::Check {
+                e.hint = None;
+            }
+            e.in_flight = Some((seq, size, kind));
             self.by_seq.insert(seq, subnet);
             self.in_flight.push_back((seq, subnet, now));
             self.probes += 1;
@@ -355,10 +407,18 @@ impl PathMtus {
             return;
         };
         let mtu = (e.lo > 0).then_some(e.lo);
+        let base = self.ceiling.min(dataplane_common::DEFAULT_PATH_MTU);
         if mtu != e.mtu {
             tracing::info!(%subnet, vtep = %e.vtep, from = ?e.mtu, to = ?mtu, "path MTU to the peer");
             e.mtu = mtu;
             self.changes.insert(e.vtep, mtu);
+        }
+        // Found below the base size: the losses that led the search down
+        // may have been a passing cut or congestion, not a smaller hop, so
+        // the sizes above are tried again soon rather than in RESEARCH.
+        if mtu.is_some_and(|m| m < base) {
+            let soon = Tick::of(now + recheck * SHRUNK_RESEARCH_RECHECKS);
+            e.research_at = e.research_at.min(soon);
         }
         if mtu.is_some() {
             e.measured = Stamp::now();
@@ -388,48 +448,60 @@ impl PathMtus {
         }
     }
 
-    /// The probe `seq` was answered by `from`.
-    pub(crate) fn answered(&mut self, seq: u16, from: IpAddr, now: Instant) {
+    /// The probe `seq` was answered by `from`, with an echo of `echoed`
+    /// bytes on the wire (a genuine answer echoes the probe's whole
+    /// size: one of another size answers nothing).
+    pub(crate) fn answered(&mut self, seq: u16, from: IpAddr, echoed: usize, now: Instant) {
         let Some(subnet) = self.by_seq.get(&seq).copied() else {
             return;
         };
         if subnet.network() != from {
             return;
         }
-        self.by_seq.remove(&seq);
         let Some(e) = self.peers.get_mut(&subnet) else {
             return;
         };
-        let Some((s, size, hint)) = e.in_flight.take() else {
+        let Some((s, size, kind)) = e.in_flight else {
             return;
         };
-        if s != seq {
+        if s != seq || echoed != size.saturating_sub(dataplane_common::VXLAN_OVERHEAD) as usize {
+            tracing::debug!(%subnet, seq, in_flight = s, size, echoed, "path MTU: an answer that is not the probe's");
             return;
         }
+        self.by_seq.remove(&seq);
+        e.in_flight = None;
         self.answered += 1;
-        if hint {
-            // A smaller size confirmed: in use at once, then upwards from it.
-            self.hints_confirmed += 1;
-            if size
-                < e.mtu
-                    .unwrap_or(self.ceiling.min(dataplane_common::DEFAULT_PATH_MTU))
+        e.misses = 0;
+        match kind {
+            Kind::Check => {
+                // The size in use is still carried: the hint was wrong (or
+                // forged), and nothing changes; the answer counts as the
+                // recheck of that size it is.
+                e.hint = None;
+                let vtep = e.vtep;
+                self.hints_quiet.insert(vtep, Tick::of(now + self.recheck));
+            }
+            Kind::Hinted
+                if size
+                    < e.mtu
+                        .unwrap_or(self.ceiling.min(dataplane_common::DEFAULT_PATH_MTU)) =>
             {
-                tracing::info!(%subnet, vtep = %e.vtep, from = ?e.mtu, to = size, "path MTU to the peer (fragmentation needed, confirmed by a probe)");
+                // The size in use was lost and the one the hint named is
+                // carried: in use at once (the search goes on upwards).
+                tracing::info!(%subnet, vtep = %e.vtep, from = ?e.mtu, to = size, "path MTU to the peer (fragmentation needed, and the size in use lost)");
                 e.mtu = Some(size);
                 e.measured = Stamp::now();
                 self.changes.insert(e.vtep, Some(size));
             }
-            e.lo = size;
-            e.hi = self.ceiling + 1;
-            e.misses = 0;
-            self.reschedule(subnet, now);
-            return;
+            Kind::Hinted | Kind::Search => {}
         }
+        let Some(e) = self.peers.get_mut(&subnet) else {
+            return;
+        };
         e.lo = e.lo.max(size);
         if e.hi <= e.lo {
             e.hi = self.ceiling + 1;
         }
-        e.misses = 0;
         self.reschedule(subnet, now);
     }
 
@@ -450,15 +522,41 @@ impl PathMtus {
             let Some(e) = self.peers.get_mut(&subnet) else {
                 continue;
             };
-            let Some((_, size, ..)) = e.in_flight.take() else {
+            let Some((_, size, kind)) = e.in_flight.take() else {
                 continue;
             };
             e.misses += 1;
-            if e.misses < TRIES {
+            let check = kind == Kind::Check;
+            if e.misses < TRIES && !check {
                 self.reschedule(subnet, now + RETRY);
                 continue;
             }
             e.misses = 0;
+            if check {
+                // The hint was right: the size in use is lost. The search
+                // goes down, from the size the hint named.
+                self.hints_confirmed += 1;
+                e.hint = match e.hint {
+                    Some(Hint::Check(h)) if h < size => Some(Hint::Next(h)),
+                    _ => None,
+                };
+                tracing::info!(%subnet, vtep = %e.vtep, size, next = ?e.hint, "path MTU: the size in use is no longer carried, as fragmentation needed said");
+            }
+            if size <= FLOOR {
+                // Not even the smallest size gets through: the path is
+                // down, not small (a cut, a peer away). What was lost
+                // meanwhile says nothing of its size: the search starts
+                // over from the base size once the recheck comes.
+                e.hi = self.ceiling + 1;
+                e.lo = 0;
+                e.hint = None;
+                if e.mtu.take().is_some() {
+                    self.changes.insert(e.vtep, None);
+                }
+                let recheck = self.recheck;
+                self.reschedule(subnet, now + recheck);
+                continue;
+            }
             e.hi = size;
             if e.lo >= size {
                 e.lo = 0;
@@ -525,6 +623,11 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// The echo a peer sends back for a probe of `size` outer bytes.
+    fn echo(size: u32) -> usize {
+        (size - dataplane_common::VXLAN_OVERHEAD) as usize
+    }
+
     /// Runs the search against a path that carries up to `path` bytes,
     /// answering or not, until it settles; returns the MTU told.
     fn settle(p: &mut PathMtus, path: u32, mut now: Instant) -> (Option<u32>, Instant, usize) {
@@ -535,7 +638,7 @@ mod tests {
             for (to, size, seq) in p.due(now, 10) {
                 probes += 1;
                 if size <= path {
-                    p.answered(seq, to, now + Duration::from_millis(1));
+                    p.answered(seq, to, echo(size), now + Duration::from_millis(1));
                 }
             }
             for (_, m) in p.take_changes() {
@@ -623,7 +726,7 @@ mod tests {
             p.expire(t);
             for (to, size, seq) in p.due(t, 10) {
                 if size <= 1400 {
-                    p.answered(seq, to, t);
+                    p.answered(seq, to, echo(size), t);
                 }
             }
             told.extend(p.take_changes().into_iter().map(|(_, m)| m));
@@ -641,7 +744,7 @@ mod tests {
     }
 
     #[test]
-    fn fragmentation_needed_is_confirmed_by_a_probe_before_it_counts() {
+    fn fragmentation_needed_only_makes_the_size_in_use_be_checked() {
         let now = Instant::now();
         let mut p = PathMtus::new(9000, T, Duration::from_secs(10));
         let s = net("10.244.3.0/24");
@@ -649,28 +752,116 @@ mod tests {
         p.upsert(s, IpAddr::V4(vtep), now);
         let (mtu, now, _) = settle(&mut p, 1500, now);
         assert_eq!(mtu, Some(1500));
-        // The hop drops to 1400 and the router says so: the next probe is
-        // 1400, and its answer makes it the peer's MTU at once.
-        p.hint(vtep, 1400, now);
+        p.take_changes();
+        // A forged message naming 1280 (RFC 8899 4.6: a reason to probe):
+        // the size in use is probed at once, it is still carried, and
+        // nothing changes. A probe of the named size, which always gets
+        // through, is never sent.
+        p.hint(vtep, 1280, now);
         assert_eq!(p.hints, 1);
         let due = p.due(now, 10);
-        assert_eq!(due.iter().map(|d| d.1).collect::<Vec<_>>(), [1400]);
-        p.answered(due[0].2, due[0].0, now);
-        assert_eq!(p.take_changes(), [(vtep, Some(1400))]);
-        // A message naming a size the path still carries (forged, or
-        // stale) lowers it only until the search finds the larger size.
-        let mut p = PathMtus::new(1500, T, Duration::from_secs(10));
-        p.upsert(s, IpAddr::V4(vtep), now);
-        let (_, now, _) = settle(&mut p, 1500, now);
-        p.hint(vtep, 1300, now);
-        let (mtu, _, _) = settle(&mut p, 1500, now);
-        assert_eq!(mtu, Some(1500));
+        assert_eq!(due.iter().map(|d| d.1).collect::<Vec<_>>(), [1500]);
+        p.answered(due[0].2, due[0].0, echo(1500), now);
+        assert!(p.take_changes().is_empty());
         assert_eq!(p.get(&s).unwrap().mtu, 1500);
+        assert_eq!(p.hints_confirmed, 0);
+        // Another hint so soon is not taken (a check a recheck period).
+        p.hint(vtep, 1280, now);
+        assert!(p.due(now, 10).is_empty());
+        // Forged answers do not count: another size, another source.
+        let now = now + Duration::from_secs(11);
+        p.expire(now);
+        p.hint(vtep, 1280, now);
+        let due = p.due(now, 10);
+        p.answered(due[0].2, due[0].0, echo(1280), now);
+        p.answered(due[0].2, IpAddr::from([10, 9, 9, 9]), echo(1500), now);
+        assert!(
+            p.peers[&s].in_flight.is_some(),
+            "still waiting for a real answer"
+        );
+        // The hop really drops to 1400 while a hint (naming 1280) is being
+        // checked: the size in use is lost, so the named size is used at
+        // once, and the search goes up from it to what is carried.
+        let mut t = now;
+        let mut told = Vec::new();
+        for _ in 0..100 {
+            p.expire(t);
+            for (to, size, seq) in p.due(t, 10) {
+                if size <= 1400 {
+                    p.answered(seq, to, echo(size), t);
+                }
+            }
+            told.extend(p.take_changes().into_iter().map(|(_, m)| m));
+            if told.last() == Some(&Some(1400)) {
+                break;
+            }
+            t = p.next_event().unwrap().max(t + Duration::from_millis(1));
+        }
+        assert_eq!(told, vec![Some(1280), Some(1400)]);
+        assert_eq!(p.hints_confirmed, 1);
+        assert!(
+            t.duration_since(now) < Duration::from_secs(20),
+            "{:?}",
+            t.duration_since(now)
+        );
         // Sizes at or above the one in use, and below the floor, are no
         // news.
-        p.hint(vtep, 1500, now);
-        p.hint(vtep, 576, now);
-        assert_eq!(p.hints, 1);
+        let hints = p.hints;
+        p.hint(vtep, 1400, t);
+        p.hint(vtep, 576, t);
+        assert_eq!(p.hints, hints);
+    }
+
+    #[test]
+    fn a_path_that_went_down_is_measured_again_from_the_top() {
+        let now = Instant::now();
+        let mut p = PathMtus::new(1500, T, Duration::from_secs(2));
+        let s = net("10.244.3.0/24");
+        p.upsert(s, "192.0.2.3".parse().unwrap(), now);
+        let (mtu, now, _) = settle(&mut p, 1500, now);
+        assert_eq!(mtu, Some(1500));
+        // A cut: nothing gets through for 20 s.
+        let mut t = now;
+        while t < now + Duration::from_secs(20) {
+            p.expire(t);
+            let _ = p.due(t, 10);
+            t = p.next_event().unwrap().max(t + Duration::from_millis(1));
+        }
+        assert!(p.get(&s).is_none(), "the cut took the measured size");
+        // Lifted: the full size again, not what a search cut short went
+        // down to (soon searched upwards again).
+        for _ in 0..10 {
+            t = settle(&mut p, 1500, t).1 + Duration::from_secs(2);
+        }
+        assert_eq!(p.get(&s).map(|m| m.mtu), Some(1500));
+    }
+
+    #[test]
+    fn a_flood_of_forged_hints_costs_probes_not_the_path() {
+        let now = Instant::now();
+        let mut p = PathMtus::new(1500, T, Duration::from_secs(2));
+        let s = net("10.244.3.0/24");
+        let vtep: Ipv4Addr = "192.0.2.3".parse().unwrap();
+        p.upsert(s, IpAddr::V4(vtep), now);
+        let (_, mut t, _) = settle(&mut p, 1500, now);
+        let mut probes = 0;
+        for _ in 0..3000 {
+            // 100 hints a probe round, every one forged.
+            for _ in 0..100 {
+                p.hint(vtep, 1280, t);
+            }
+            p.expire(t);
+            for (to, size, seq) in p.due(t, 10) {
+                probes += 1;
+                assert_eq!(size, 1500, "only the size in use is probed");
+                p.answered(seq, to, echo(size), t);
+            }
+            t += Duration::from_millis(10);
+        }
+        assert!(p.take_changes().is_empty());
+        assert_eq!(p.get(&s).unwrap().mtu, 1500);
+        // One check per recheck period at most (2 s) over 30 s.
+        assert!(probes <= 16, "{probes} probes");
     }
 
     #[test]

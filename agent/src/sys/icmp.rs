@@ -28,21 +28,32 @@ const ICMP_FILTER: libc::c_int = 1;
 /// `ICMP6_FILTER` (linux/icmpv6.h), at level `IPPROTO_ICMPV6`.
 const ICMP6_FILTER: libc::c_int = 1;
 
+/// What every echo request carries after its header: a random nonce of
+/// the socket's, which a reply must echo (an id alone is 16 bits anyone
+/// can spray; the nonce is 64 no one off the path can guess).
+const NONCE: usize = 8;
+/// The smallest echo message sent: header and nonce.
+const MIN_ECHO: usize = 8 + NONCE;
+
 /// Sends one ICMP echo of `size` bytes on the wire (IP header included)
 /// to `to` and waits up to `timeout` for its answer; returns the round
 /// trip.
 pub(crate) fn echo(to: IpAddr, size: usize, timeout: Duration) -> Result<Duration> {
     let sock = Socket::open(to)?;
-    let id = (std::process::id() & 0xffff) as u16;
-    let seq = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| (d.subsec_nanos() >> 10) as u16);
+    let (id, nonce, seq): (u16, [u8; NONCE], u16) =
+        (rand::random(), rand::random(), rand::random());
     let header = if to.is_ipv4() {
         IPV4_HEADER
     } else {
         IPV6_HEADER
     };
-    let pkt = request(to.is_ipv6(), id, seq, size.saturating_sub(header).max(8));
+    let pkt = request(
+        to.is_ipv6(),
+        id,
+        seq,
+        size.saturating_sub(header).max(MIN_ECHO),
+        &nonce,
+    );
     let started = Instant::now();
     sock.send_to(&pkt, to)?;
     let mut buf = vec![0u8; 65536];
@@ -54,7 +65,7 @@ pub(crate) fn echo(to: IpAddr, size: usize, timeout: Duration) -> Result<Duratio
         let Some((n, from)) = sock.recv_from(&mut buf, left)? else {
             bail!("no answer within {timeout:?}");
         };
-        match answer(to, &buf[..n], from, id, seq) {
+        match answer(to, &buf[..n.min(buf.len())], from, id, seq, &nonce) {
             Answer::Reply => return Ok(started.elapsed()),
             Answer::TooBig => bail!("fragmentation needed on the way"),
             Answer::Other => continue,
@@ -63,11 +74,12 @@ pub(crate) fn echo(to: IpAddr, size: usize, timeout: Duration) -> Result<Duratio
 }
 
 /// A long-lived echo socket of one family, for probes many and often
-/// (peer health): requests carry `id` and a sequence number; only echo
-/// replies (and "too big" answers) reach it.
+/// (peer health): requests carry its random id and nonce and a sequence
+/// number; only echo replies (and "too big" answers) reach it.
 pub(crate) struct Pinger {
     sock: Socket,
     id: u16,
+    nonce: [u8; NONCE],
     buf: Vec<u8>,
 }
 
@@ -76,10 +88,16 @@ pub(crate) struct Pinger {
 pub(crate) struct Echoed {
     pub from: IpAddr,
     pub seq: u16,
+    /// Its size on the wire, IP header included (what the request's was,
+    /// for a genuine reply).
+    pub size: usize,
 }
 
 impl Pinger {
-    pub(crate) fn open(v6: bool, id: u16) -> Result<Self> {
+    /// An echo socket of one family, with an id and a nonce of its own
+    /// (random: another process's probes, or forged replies, are not
+    /// taken for its own).
+    pub(crate) fn open(v6: bool) -> Result<Self> {
         let any = if v6 {
             IpAddr::V6(Ipv6Addr::UNSPECIFIED)
         } else {
@@ -87,19 +105,27 @@ impl Pinger {
         };
         let sock = Socket::open(any)?;
         sock.only_replies()?;
-        Ok(Self {
+        let p = Self {
             sock,
-            id,
+            id: rand::random(),
+            nonce: rand::random(),
             buf: vec![0u8; 2048],
-        })
+        };
+        p.sock
+            .attach_filter(&filter::ours(v6, p.id, &p.nonce, None))?;
+        Ok(p)
     }
 
     /// An IPv4 echo socket for path MTU probes: its packets carry `mark`
     /// (the programs set don't-fragment on their outer header), and may be
     /// as large as the device allows whatever MTU the route to the peer
-    /// says (`IP_PMTUDISC_PROBE`).
-    pub(crate) fn open_path_probe(id: u16, mark: u32) -> Result<Self> {
-        let p = Self::open(false, id)?;
+    /// says (`IP_PMTUDISC_PROBE`). Besides its echo replies it takes
+    /// "fragmentation needed" about UDP from `vtep` to `port` (the node's
+    /// VXLAN packets) and nothing else.
+    pub(crate) fn open_path_probe(mark: u32, vtep: Ipv4Addr, port: u16) -> Result<Self> {
+        let p = Self::open(false)?;
+        p.sock
+            .attach_filter(&filter::ours(false, p.id, &p.nonce, Some((vtep, port))))?;
         p.sock
             .set(libc::SOL_SOCKET, libc::SO_MARK, mark as libc::c_int)
             .context("setting SO_MARK on the path MTU probe socket")?;
@@ -121,21 +147,27 @@ impl Pinger {
     /// Sends one echo request of `size` bytes on the wire (IP header
     /// included) to `to`.
     pub(crate) fn send(&self, to: IpAddr, seq: u16, size: usize) -> Result<()> {
-        let header = if self.sock.v6 {
-            IPV6_HEADER
-        } else {
-            IPV4_HEADER
-        };
+        let header = self.header();
         let pkt = request(
             self.sock.v6,
             self.id,
             seq,
-            size.saturating_sub(header).max(8),
+            size.saturating_sub(header).max(MIN_ECHO),
+            &self.nonce,
         );
         self.sock.send_to(&pkt, to)
     }
 
+    fn header(&self) -> usize {
+        if self.sock.v6 {
+            IPV6_HEADER
+        } else {
+            IPV4_HEADER
+        }
+    }
+
     /// The next echo reply of ours, or None when `wait` passes first.
+    #[cfg(test)]
     pub(crate) fn recv(&mut self, wait: Duration) -> Result<Option<Echoed>> {
         let deadline = Instant::now() + wait;
         loop {
@@ -154,7 +186,9 @@ impl Pinger {
 pub(crate) enum Received {
     Echo(Echoed),
     FragNeeded {
-        /// The packet's destination and UDP destination port.
+        /// The quoted packet's source, destination and UDP destination
+        /// port.
+        from: Ipv4Addr,
         to: Ipv4Addr,
         dport: u16,
         /// The next hop's MTU the message names (0: none named).
@@ -164,7 +198,9 @@ pub(crate) enum Received {
 
 impl Pinger {
     /// The next echo reply of ours or "fragmentation needed" about a UDP
-    /// packet (IPv4), or None when `wait` passes first.
+    /// packet (IPv4), or None when `wait` passes first (however many
+    /// other messages arrive meanwhile).
+    #[cfg(test)]
     pub(crate) fn recv_any(&mut self, wait: Duration) -> Result<Option<Received>> {
         let deadline = Instant::now() + wait;
         loop {
@@ -175,21 +211,45 @@ impl Pinger {
             let Some((n, from)) = self.sock.recv_from(&mut self.buf, left)? else {
                 return Ok(None);
             };
-            let msg = &self.buf[..n];
-            if let Some(seq) = reply_seq(self.sock.v6, msg, self.id) {
-                return Ok(Some(Received::Echo(Echoed { from, seq })));
-            }
-            if !self.sock.v6
-                && let Some(r) = frag_needed_udp(msg)
-            {
+            if let Some(r) = self.classify(n, from) {
                 return Ok(Some(r));
             }
         }
     }
+
+    /// What is queued on the socket now, without waiting: at most `max`
+    /// messages read (a flood of them cannot keep the caller here), the
+    /// ones of ours returned.
+    pub(crate) fn drain(&mut self, max: usize) -> Result<Vec<Received>> {
+        let mut out = Vec::new();
+        for _ in 0..max {
+            let Some((n, from)) = self.sock.try_recv_from(&mut self.buf)? else {
+                break;
+            };
+            out.extend(self.classify(n, from));
+        }
+        Ok(out)
+    }
+
+    /// A message of `n` bytes from `from` (its first bytes in the buffer:
+    /// a jumbo answer is longer), if it is one of ours.
+    fn classify(&self, n: usize, from: IpAddr) -> Option<Received> {
+        let msg = &self.buf[..n.min(self.buf.len())];
+        if let Some((seq, _)) = reply_of(self.sock.v6, msg, self.id, &self.nonce) {
+            // The whole message's size, IP header included.
+            let size = if self.sock.v6 { n + IPV6_HEADER } else { n };
+            return Some(Received::Echo(Echoed { from, seq, size }));
+        }
+        if !self.sock.v6 {
+            return frag_needed_udp(msg);
+        }
+        None
+    }
 }
 
 /// A "fragmentation needed" (an IPv4 message, its IP header first) about
-/// a UDP packet: the packet's destination, UDP port and the MTU named.
+/// a UDP packet: the packet's source, destination, UDP port and the MTU
+/// named.
 fn frag_needed_udp(msg: &[u8]) -> Option<Received> {
     let ihl = usize::from(msg.first()? & 0x0f) * 4;
     let icmp = msg.get(ihl..)?;
@@ -205,17 +265,20 @@ fn frag_needed_udp(msg: &[u8]) -> Option<Received> {
     {
         return None;
     }
+    let from = Ipv4Addr::new(*inner.get(12)?, inner[13], inner[14], inner[15]);
     let to = Ipv4Addr::new(*inner.get(16)?, inner[17], inner[18], inner[19]);
     let udp = inner.get(inner_ihl..inner_ihl + 4)?;
     Some(Received::FragNeeded {
+        from,
         to,
         dport: u16::from_be_bytes([udp[2], udp[3]]),
         mtu,
     })
 }
 
-/// The sequence number of an echo reply carrying `id`.
-fn reply_seq(v6: bool, msg: &[u8], id: u16) -> Option<u16> {
+/// The sequence number and ICMP length of an echo reply carrying `id` and
+/// echoing `nonce`.
+fn reply_of(v6: bool, msg: &[u8], id: u16, nonce: &[u8; NONCE]) -> Option<(u16, usize)> {
     let icmp = if v6 {
         msg
     } else {
@@ -226,17 +289,22 @@ fn reply_seq(v6: bool, msg: &[u8], id: u16) -> Option<u16> {
         msg.get(ihl..)?
     };
     let want = if v6 { ECHO_REPLY6 } else { ECHO_REPLY4 };
-    (icmp.len() >= 8 && icmp[0] == want && icmp[4..6] == id.to_be_bytes())
-        .then(|| u16::from_be_bytes([icmp[6], icmp[7]]))
+    (icmp.len() >= MIN_ECHO
+        && icmp[0] == want
+        && icmp[4..6] == id.to_be_bytes()
+        && icmp[8..MIN_ECHO] == nonce[..])
+        .then(|| (u16::from_be_bytes([icmp[6], icmp[7]]), icmp.len()))
 }
 
-/// An echo request's ICMP message (`len` bytes). IPv4's checksum is ours
-/// to fill; the kernel fills ICMPv6's (it covers a pseudo-header).
-fn request(v6: bool, id: u16, seq: u16, len: usize) -> Vec<u8> {
-    let mut pkt = vec![0u8; len];
+/// An echo request's ICMP message (`len` bytes, at least [`MIN_ECHO`]):
+/// `nonce` first in its data. IPv4's checksum is ours to fill; the kernel
+/// fills ICMPv6's (it covers a pseudo-header).
+fn request(v6: bool, id: u16, seq: u16, len: usize, nonce: &[u8; NONCE]) -> Vec<u8> {
+    let mut pkt = vec![0u8; len.max(MIN_ECHO)];
     pkt[0] = if v6 { ECHO_REQUEST6 } else { ECHO_REQUEST4 };
     pkt[4..6].copy_from_slice(&id.to_be_bytes());
     pkt[6..8].copy_from_slice(&seq.to_be_bytes());
+    pkt[8..MIN_ECHO].copy_from_slice(nonce);
     if !v6 {
         let csum = crate::checksum::internet(&pkt);
         pkt[2..4].copy_from_slice(&csum.to_be_bytes());
@@ -253,7 +321,7 @@ enum Answer {
 /// What a received message says about our probe to `to`. An IPv4 raw
 /// socket hands back the IP header too; an IPv6 one, the ICMPv6 message
 /// alone.
-fn answer(to: IpAddr, msg: &[u8], from: IpAddr, id: u16, seq: u16) -> Answer {
+fn answer(to: IpAddr, msg: &[u8], from: IpAddr, id: u16, seq: u16, nonce: &[u8; NONCE]) -> Answer {
     let icmp = match to {
         IpAddr::V4(_) => {
             let ihl = usize::from(msg.first().copied().unwrap_or(0) & 0x0f) * 4;
@@ -267,7 +335,10 @@ fn answer(to: IpAddr, msg: &[u8], from: IpAddr, id: u16, seq: u16) -> Answer {
     if icmp.len() < 8 {
         return Answer::Other;
     }
-    let ours = icmp[4..6] == id.to_be_bytes() && icmp[6..8] == seq.to_be_bytes();
+    let ours = icmp.len() >= MIN_ECHO
+        && icmp[4..6] == id.to_be_bytes()
+        && icmp[6..8] == seq.to_be_bytes()
+        && icmp[8..MIN_ECHO] == nonce[..];
     match (to, icmp[0], icmp[1]) {
         (IpAddr::V4(_), ECHO_REPLY4, _) | (IpAddr::V6(_), ECHO_REPLY6, _) => {
             if ours && from == to {
@@ -339,6 +410,18 @@ impl Socket {
         }
     }
 
+    /// Lets the kernel drop what `program` (classic BPF) refuses before it
+    /// is queued: a flood of forged messages never fills the queue in
+    /// front of a real answer, nor reaches the agent.
+    fn attach_filter(&self, program: &[libc::sock_filter]) -> Result<()> {
+        let prog = libc::sock_fprog {
+            len: program.len() as libc::c_ushort,
+            filter: program.as_ptr().cast_mut(),
+        };
+        self.set_raw(libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)
+            .context("attaching the ICMP socket's filter")
+    }
+
     fn set(&self, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> Result<()> {
         self.set_raw(level, name, &value)
     }
@@ -387,6 +470,18 @@ impl Socket {
             tv_usec: wait.subsec_micros().max(1) as _,
         };
         self.set_raw(libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+        self.recv_flags(buf, 0)
+    }
+
+    /// One message queued now and its source, or None (without waiting).
+    fn try_recv_from(&self, buf: &mut [u8]) -> Result<Option<(usize, IpAddr)>> {
+        self.recv_flags(buf, libc::MSG_DONTWAIT)
+    }
+
+    /// One message and its source: its whole length (`MSG_TRUNC`: what
+    /// did not fit in `buf` is dropped, but counted).
+    fn recv_flags(&self, buf: &mut [u8], flags: libc::c_int) -> Result<Option<(usize, IpAddr)>> {
+        let flags = flags | libc::MSG_TRUNC;
         loop {
             // SAFETY: all zeroes is a valid sockaddr_storage.
             let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -398,7 +493,7 @@ impl Socket {
                     self.fd.as_raw_fd(),
                     buf.as_mut_ptr().cast(),
                     buf.len(),
-                    0,
+                    flags,
                     (&mut from as *mut libc::sockaddr_storage).cast(),
                     &mut len,
                 )
@@ -413,6 +508,117 @@ impl Socket {
             }
             return Ok(Some((n as usize, source(&from))));
         }
+    }
+}
+
+/// The socket filters (classic BPF) of the echo sockets: what is not an
+/// answer to this socket's own probes is dropped in the kernel.
+mod filter {
+    use std::net::Ipv4Addr;
+
+    use libc::sock_filter;
+
+    use super::{ECHO_REPLY4, ECHO_REPLY6, FRAG_NEEDED4, NONCE, UNREACHABLE4};
+
+    /// An instruction, or a jump whose targets are instruction indices
+    /// (made relative once the program is whole).
+    enum Op {
+        Stmt(u16, u32),
+        Jeq(u32, usize, usize),
+    }
+
+    const LDX_MSH_B: u16 = 0xb1; // X = 4 * (pkt[k] & 0xf)
+    const LD_B_ABS: u16 = 0x30;
+    const LD_H_ABS: u16 = 0x28;
+    const LD_W_ABS: u16 = 0x20;
+    const LD_B_IND: u16 = 0x50;
+    const LD_H_IND: u16 = 0x48;
+    const LD_W_IND: u16 = 0x40;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+
+    /// Takes an echo reply with `id` echoing `nonce`, and where `frag`
+    /// names a VTEP and port, an IPv4 "fragmentation needed" quoting a UDP
+    /// datagram from that VTEP to that port; drops the rest. An IPv4 raw
+    /// socket sees the IP header first, an IPv6 one the ICMPv6 message.
+    pub(super) fn ours(
+        v6: bool,
+        id: u16,
+        nonce: &[u8; NONCE],
+        frag: Option<(Ipv4Addr, u16)>,
+    ) -> Vec<sock_filter> {
+        let n0 = u32::from_be_bytes(nonce[0..4].try_into().expect("4 bytes"));
+        let n1 = u32::from_be_bytes(nonce[4..8].try_into().expect("4 bytes"));
+        // Labels past the end: accept, drop (the last two instructions),
+        // and the check of a "fragmentation needed".
+        const ACCEPT: usize = usize::MAX;
+        const DROP: usize = usize::MAX - 1;
+        const FRAG: usize = usize::MAX - 2;
+        let mut p = Vec::new();
+        if v6 {
+            p.push(Op::Stmt(LD_B_ABS, 0));
+            p.push(Op::Jeq(u32::from(ECHO_REPLY6), 2, DROP));
+            p.push(Op::Stmt(LD_H_ABS, 4));
+            p.push(Op::Jeq(u32::from(id), 4, DROP));
+            p.push(Op::Stmt(LD_W_ABS, 8));
+            p.push(Op::Jeq(n0, 6, DROP));
+            p.push(Op::Stmt(LD_W_ABS, 12));
+            p.push(Op::Jeq(n1, ACCEPT, DROP));
+        } else {
+            let other = if frag.is_some() { FRAG } else { DROP };
+            p.push(Op::Stmt(LDX_MSH_B, 0));
+            p.push(Op::Stmt(LD_B_IND, 0));
+            p.push(Op::Jeq(u32::from(ECHO_REPLY4), 3, other));
+            p.push(Op::Stmt(LD_H_IND, 4));
+            p.push(Op::Jeq(u32::from(id), 5, DROP));
+            p.push(Op::Stmt(LD_W_IND, 8));
+            p.push(Op::Jeq(n0, 7, DROP));
+            p.push(Op::Stmt(LD_W_IND, 12));
+            p.push(Op::Jeq(n1, ACCEPT, DROP));
+        }
+        let frag_at = p.len();
+        if let (false, Some((vtep, port))) = (v6, frag) {
+            // The message's type is still in A. The quoted datagram
+            // follows the 8-byte ICMP header: its protocol at 9, its
+            // source at 12, and (a 20-byte header, as the node sends)
+            // its UDP destination port at 22.
+            let at = |i: usize| frag_at + i;
+            p.push(Op::Jeq(u32::from(UNREACHABLE4), at(1), DROP));
+            p.push(Op::Stmt(LD_B_IND, 1));
+            p.push(Op::Jeq(u32::from(FRAG_NEEDED4), at(3), DROP));
+            p.push(Op::Stmt(LD_B_IND, 8 + 9));
+            p.push(Op::Jeq(libc::IPPROTO_UDP as u32, at(5), DROP));
+            p.push(Op::Stmt(LD_W_IND, 8 + 12));
+            p.push(Op::Jeq(u32::from(vtep), at(7), DROP));
+            p.push(Op::Stmt(LD_H_IND, 8 + 20 + 2));
+            p.push(Op::Jeq(u32::from(port), ACCEPT, DROP));
+        }
+        let (accept, drop) = (p.len(), p.len() + 1);
+        p.push(Op::Stmt(RET_K, 0xffff));
+        p.push(Op::Stmt(RET_K, 0));
+        let target = |t: usize| match t {
+            ACCEPT => accept,
+            DROP => drop,
+            FRAG => frag_at,
+            t => t,
+        };
+        p.iter()
+            .enumerate()
+            .map(|(i, op)| match *op {
+                Op::Stmt(code, k) => sock_filter {
+                    code,
+                    jt: 0,
+                    jf: 0,
+                    k,
+                },
+                Op::Jeq(k, t, f) => sock_filter {
+                    code: JEQ_K,
+                    jt: (target(t) - i - 1) as u8,
+                    jf: (target(f) - i - 1) as u8,
+                    k,
+                },
+            })
+            .collect()
     }
 }
 
@@ -478,32 +684,59 @@ mod tests {
 
     #[test]
     fn echo_requests_of_either_family() {
-        // IPv4: id 1, seq 1, no payload, its checksum filled.
-        assert_eq!(request(false, 1, 1, 8), [8, 0, 0xf7, 0xfd, 0, 1, 0, 1]);
+        let nonce = [1, 2, 3, 4, 5, 6, 7, 8];
+        // IPv4: id 1, seq 1, the nonce, its checksum filled.
+        let r = request(false, 1, 1, 8, &nonce);
+        assert_eq!(r.len(), MIN_ECHO);
+        assert_eq!(&r[4..], &[0, 1, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(crate::checksum::internet(&r), 0, "a valid checksum");
         // IPv6: the kernel fills the checksum (it covers a pseudo-header).
-        assert_eq!(request(true, 1, 1, 8), [128, 0, 0, 0, 0, 1, 0, 1]);
+        assert_eq!(&request(true, 1, 1, 8, &nonce)[..4], &[128, 0, 0, 0]);
+    }
+
+    fn echo_reply(v6: bool, id: u16, seq: u16, nonce: &[u8; NONCE]) -> Vec<u8> {
+        let mut m = Vec::new();
+        if !v6 {
+            m.push(0x45u8);
+            m.extend([0; 19]);
+        }
+        m.extend([if v6 { ECHO_REPLY6 } else { ECHO_REPLY4 }, 0, 0, 0]);
+        m.extend(id.to_be_bytes());
+        m.extend(seq.to_be_bytes());
+        m.extend(nonce);
+        m
     }
 
     #[test]
-    fn answers_are_matched_to_the_probe() {
+    fn answers_are_matched_to_the_probe_by_id_seq_nonce_and_source() {
+        let n = [9u8; NONCE];
         let to6: IpAddr = "fd00::1".parse().unwrap();
-        let reply6 = [ECHO_REPLY6, 0, 0, 0, 0, 7, 0, 9];
-        assert!(matches!(answer(to6, &reply6, to6, 7, 9), Answer::Reply));
-        assert!(matches!(answer(to6, &reply6, to6, 7, 10), Answer::Other));
-        let other: IpAddr = "fd00::2".parse().unwrap();
-        assert!(matches!(answer(to6, &reply6, other, 7, 9), Answer::Other));
+        let reply6 = echo_reply(true, 7, 9, &n);
+        assert!(matches!(answer(to6, &reply6, to6, 7, 9, &n), Answer::Reply));
         assert!(matches!(
-            answer(to6, &[TOO_BIG6, 0, 0, 0, 0, 0, 5, 0xdc], other, 7, 9),
+            answer(to6, &reply6, to6, 7, 10, &n),
+            Answer::Other
+        ));
+        assert!(matches!(
+            answer(to6, &reply6, to6, 7, 9, &[8; NONCE]),
+            Answer::Other
+        ));
+        let other: IpAddr = "fd00::2".parse().unwrap();
+        assert!(matches!(
+            answer(to6, &reply6, other, 7, 9, &n),
+            Answer::Other
+        ));
+        assert!(matches!(
+            answer(to6, &[TOO_BIG6, 0, 0, 0, 0, 0, 5, 0xdc], other, 7, 9, &n),
             Answer::TooBig
         ));
         // IPv4: the IP header comes first.
         let to4: IpAddr = "10.0.0.1".parse().unwrap();
-        let mut reply4 = vec![0x45u8];
-        reply4.extend([0; 19]);
-        reply4.extend([ECHO_REPLY4, 0, 0, 0, 0, 7, 0, 9]);
-        assert!(matches!(answer(to4, &reply4, to4, 7, 9), Answer::Reply));
+        let reply4 = echo_reply(false, 7, 9, &n);
+        assert!(matches!(answer(to4, &reply4, to4, 7, 9, &n), Answer::Reply));
+        // Without the nonce (an echo of 8 bytes, as a forger's).
         assert!(matches!(
-            answer(to4, &reply4[..24], to4, 7, 9),
+            answer(to4, &reply4[..28], to4, 7, 9, &n),
             Answer::Other
         ));
     }
@@ -511,7 +744,8 @@ mod tests {
     #[test]
     fn fragmentation_needed_about_a_vxlan_packet_is_read() {
         // The router's header, ICMP 3/4 naming 1400, then our packet's IP
-        // header (UDP to 198.18.1.3) and the first 8 bytes of its UDP.
+        // header (UDP from 198.18.0.1 to 198.18.1.3) and the first 8 bytes
+        // of its UDP.
         let mut m = vec![0x45u8];
         m.extend([0; 19]);
         m.extend([UNREACHABLE4, FRAG_NEEDED4, 0, 0, 0, 0, 0x05, 0x78]);
@@ -522,6 +756,7 @@ mod tests {
         assert_eq!(
             frag_needed_udp(&m),
             Some(Received::FragNeeded {
+                from: Ipv4Addr::new(198, 18, 0, 1),
                 to: Ipv4Addr::new(198, 18, 1, 3),
                 dport: 8472,
                 mtu: 1400
@@ -536,25 +771,137 @@ mod tests {
 
     #[test]
     fn a_pinger_sees_its_own_replies_only() {
-        let mut reply4 = vec![0x45u8];
-        reply4.extend([0; 19]);
-        reply4.extend([ECHO_REPLY4, 0, 0, 0, 0, 7, 0, 9]);
-        assert_eq!(reply_seq(false, &reply4, 7), Some(9));
-        assert_eq!(reply_seq(false, &reply4, 8), None);
+        let n = [3u8; NONCE];
+        let reply4 = echo_reply(false, 7, 9, &n);
+        assert_eq!(reply_of(false, &reply4, 7, &n), Some((9, 16)));
+        assert_eq!(reply_of(false, &reply4, 8, &n), None);
+        assert_eq!(reply_of(false, &reply4, 7, &[4; NONCE]), None);
         assert_eq!(
-            reply_seq(true, &[ECHO_REPLY6, 0, 0, 0, 0, 7, 1, 2], 7),
-            Some(258)
+            reply_of(true, &echo_reply(true, 7, 258, &n), 7, &n),
+            Some((258, 16))
         );
-        assert_eq!(
-            reply_seq(true, &[ECHO_REQUEST6, 0, 0, 0, 0, 7, 1, 2], 7),
-            None
-        );
-        // A real socket: loopback answers, by sequence number.
-        let mut p = Pinger::open(false, 0x5eed).unwrap();
+        let mut request6 = echo_reply(true, 7, 258, &n);
+        request6[0] = ECHO_REQUEST6;
+        assert_eq!(reply_of(true, &request6, 7, &n), None);
+        // A real socket: loopback answers, by sequence number, with the
+        // request's size.
+        let mut p = Pinger::open(false).unwrap();
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         p.send(lo, 41, 84).unwrap();
         let got = p.recv(Duration::from_secs(2)).unwrap();
-        assert_eq!(got, Some(Echoed { from: lo, seq: 41 }));
+        assert_eq!(
+            got,
+            Some(Echoed {
+                from: lo,
+                seq: 41,
+                size: 84
+            })
+        );
+        // Another pinger's replies (another id and nonce) are not its.
+        let mut q = Pinger::open(false).unwrap();
+        q.send(lo, 42, 84).unwrap();
+        assert_eq!(p.recv(Duration::from_millis(300)).unwrap(), None);
+        assert!(q.recv(Duration::from_secs(2)).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_drain_reads_what_is_queued_and_no_more_than_asked() {
+        let mut p = Pinger::open(false).unwrap();
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        for seq in 1..=5 {
+            p.send(lo, seq, 84).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let first = p.drain(3).unwrap();
+        let rest = p.drain(100).unwrap();
+        assert_eq!(first.len(), 3, "{first:?}");
+        assert_eq!(rest.len(), 2, "{rest:?}");
+        assert!(p.drain(100).unwrap().is_empty(), "nothing waits");
+    }
+
+    /// Sends `icmp` (a message, its checksum filled here) from 127.0.0.9
+    /// to 127.0.0.1 through a raw IP socket.
+    fn send_raw(icmp: &[u8]) {
+        let mut m = icmp.to_vec();
+        m[2..4].copy_from_slice(&[0, 0]);
+        let c = crate::checksum::internet(&m);
+        m[2..4].copy_from_slice(&c.to_be_bytes());
+        let mut pkt = vec![
+            0x45u8, 0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0, 127, 0, 0, 9, 127, 0, 0, 1,
+        ];
+        let len = (pkt.len() + m.len()) as u16;
+        pkt[2..4].copy_from_slice(&len.to_be_bytes());
+        pkt.extend(m);
+        // SAFETY: socket(2) with constant arguments; checked below.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+        assert!(fd >= 0, "a raw socket");
+        // SAFETY: the descriptor is new and ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let (addr, alen) = sockaddr("127.0.0.1".parse().unwrap());
+        // SAFETY: a valid packet buffer and address of its length.
+        let n = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                pkt.as_ptr().cast(),
+                pkt.len(),
+                0,
+                (&addr as *const libc::sockaddr_storage).cast(),
+                alen,
+            )
+        };
+        assert_eq!(n, pkt.len() as isize);
+    }
+
+    #[test]
+    fn the_kernel_drops_what_is_not_an_answer_to_a_pingers_probes() {
+        let lo4 = Ipv4Addr::new(127, 0, 0, 1);
+        let mut p = Pinger::open_path_probe(0, lo4, 8472).unwrap();
+        // A forged echo reply: the right id, no nonce; another id with
+        // the nonce; then the real thing.
+        let mut forged = vec![ECHO_REPLY4, 0, 0, 0];
+        forged.extend(p.id.to_be_bytes());
+        forged.extend([0, 1]);
+        forged.extend([0u8; NONCE]);
+        send_raw(&forged);
+        let mut other_id = vec![ECHO_REPLY4, 0, 0, 0];
+        other_id.extend(p.id.wrapping_add(1).to_be_bytes());
+        other_id.extend([0, 1]);
+        other_id.extend(p.nonce);
+        send_raw(&other_id);
+        // "Fragmentation needed" quoting UDP from another address, and to
+        // another port, and then one from our VTEP to our port.
+        let frag = |src: [u8; 4], dport: u16| {
+            let mut m = vec![UNREACHABLE4, FRAG_NEEDED4, 0, 0, 0, 0, 0x05, 0x00];
+            m.extend([0x45u8, 0, 0x05, 0xdc, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+            m.extend(src);
+            m.extend([198, 18, 0, 2]);
+            m.extend([0x80u8, 0]);
+            m.extend(dport.to_be_bytes());
+            m.extend([0u8; 4]);
+            m
+        };
+        send_raw(&frag([10, 0, 0, 1], 8472));
+        send_raw(&frag([127, 0, 0, 1], 53));
+        send_raw(&frag([127, 0, 0, 1], 8472));
+        p.send(IpAddr::V4(lo4), 7, 84).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let got = p.drain(100).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Received::FragNeeded {
+                    from: lo4,
+                    to: Ipv4Addr::new(198, 18, 0, 2),
+                    dport: 8472,
+                    mtu: 1280
+                },
+                Received::Echo(Echoed {
+                    from: IpAddr::V4(lo4),
+                    seq: 7,
+                    size: 84
+                }),
+            ]
+        );
     }
 
     #[test]
