@@ -328,11 +328,11 @@ fn switch_both_ways(routing: &str) {
 }
 
 #[test]
-fn a_backend_switch_leaves_nothing_of_the_old_backend_under_auto() {
+fn a_backend_switch_over_wireguard_leaves_nothing_of_the_old_one_under_auto() {
     switch_both_ways("auto");
 }
 
 #[test]
-fn a_backend_switch_leaves_nothing_of_the_old_backend_under_legacy() {
+fn a_backend_switch_over_wireguard_leaves_nothing_of_the_old_one_under_legacy() {
     switch_both_ways("legacy");
 }
