@@ -571,6 +571,39 @@ async fn a_deleted_key_is_reacquired() {
     assert_eq!(a.subnet().unwrap(), s, "same subnet, it was free");
 }
 
+/// Keys of a quarter of the network each (the widest a config of this
+/// network could hand out) with junk values and no etcd lease, anyone's
+/// to write, do not take the pool: an agent acquires a subnet beside
+/// them, and leaves them as they are. A reservation of another length
+/// whose value is a lease still takes what it overlaps (the first free
+/// subnets are drawn from, so a reservation ignored would be drawn).
+#[tokio::test(flavor = "multi_thread")]
+async fn junk_keys_of_another_length_do_not_take_the_pool() {
+    let (etcd, mut c) = setup(CONFIG).await;
+    let junk: Vec<String> = [0, 64, 128, 192]
+        .iter()
+        .map(|o| format!("{PREFIX}/subnets/10.5.{o}.0-18"))
+        .collect();
+    for k in &junk {
+        c.put(k.as_str(), "junk", None).await.unwrap();
+    }
+    // A valid reservation of another length: 10.5.0.0/19 stays taken.
+    let reserved = format!("{PREFIX}/subnets/10.5.0.0-19");
+    c.put(reserved.as_str(), r#"{"PublicIP":"198.18.0.99"}"#, None)
+        .await
+        .unwrap();
+    let a = Agent::start("a", None, &args(&etcd, "node-a", "198.18.0.3", 600)).unwrap();
+    let line = a.wait_subnet(T).unwrap();
+    let third: u8 = line.split('.').nth(2).unwrap().parse().unwrap();
+    assert!(
+        third >= 32,
+        "a subnet outside the valid reservation's 10.5.0.0/19: {line}"
+    );
+    for k in &junk {
+        assert_eq!(get(&mut c, k).await.unwrap().value, "junk", "{k} untouched");
+    }
+}
+
 fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }

@@ -338,6 +338,21 @@ fn plan(
     }
 }
 
+/// Whether each half of `s` has its pool's subnet length.
+fn of_pool_length(cfg: &NetworkConfig, s: &Subnets) -> bool {
+    let v4 = match (&cfg.ipv4, s.v4) {
+        (Some(p), Some(n)) => n.prefix_len() == p.subnet_len,
+        (_, None) => true,
+        (None, Some(_)) => false,
+    };
+    let v6 = match (&cfg.ipv6, s.v6) {
+        (Some(p), Some(n)) => n.prefix_len() == p.subnet_len,
+        (_, None) => true,
+        (None, Some(_)) => false,
+    };
+    v4 && v6
+}
+
 /// The subnets the keys under the prefix take, in each family's pool
 /// (see [`Pool::taken_by`]).
 struct Taken {
@@ -347,7 +362,17 @@ struct Taken {
 
 impl Taken {
     fn new(cfg: &NetworkConfig, entries: &[Entry]) -> Self {
-        let keys: Vec<Subnets> = entries.iter().filter_map(|e| e.subnet).collect();
+        // A key of another length takes every subnet it overlaps (a node
+        // of an older SubnetLen), but only where its value is a lease: a
+        // few keys of a quarter of the network with a junk value would
+        // otherwise take the whole pool. A key of the pool's own length
+        // takes only itself, whatever it holds (it is never written
+        // over).
+        let keys: Vec<Subnets> = entries
+            .iter()
+            .filter(|e| e.attrs.is_some() || e.subnet.is_some_and(|s| of_pool_length(cfg, &s)))
+            .filter_map(|e| e.subnet)
+            .collect();
         Taken {
             v4: cfg.ipv4.clone().map(|p| {
                 let t = p.taken(keys.iter().filter_map(|s| s.v4.as_ref()));
