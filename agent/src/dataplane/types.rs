@@ -86,6 +86,10 @@ pub struct Peer {
     pub mac: MacAddr,
     /// The node's WireGuard public key (the wireguard backend only).
     pub key: Option<WgKey>,
+    /// The create revision of the lease it came from (0 where none): of
+    /// two leases of one node (a node whose address changed keeps its
+    /// old lease until it expires), the newer says where it is now.
+    pub since: i64,
 }
 
 impl Peer {
@@ -96,6 +100,7 @@ impl Peer {
             vtep: IpAddr::V4(vtep),
             mac,
             key: None,
+            since: 0,
         }
     }
 
@@ -106,6 +111,7 @@ impl Peer {
             vtep: IpAddr::V6(vtep),
             mac,
             key: None,
+            since: 0,
         }
     }
 }

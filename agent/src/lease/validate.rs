@@ -247,6 +247,7 @@ pub(super) fn check(
             vtep: ip.into(),
             mac: link.0,
             key: link.1,
+            since: 0,
         });
     }
     if let (Some(subnet), Some(pool)) = (subnets.v6, &config.ipv6) {
@@ -276,6 +277,7 @@ pub(super) fn check(
             vtep: ip.into(),
             mac: link.0,
             key: link.1,
+            since: 0,
         });
     }
     if peers.is_empty() {

@@ -257,7 +257,12 @@ pub(crate) fn decide<'a>(
             continue;
         }
         match check(&l.subnet, &l.attrs, config, me) {
-            Ok(p) => candidates.push((l, p)),
+            Ok(mut p) => {
+                for p in &mut p {
+                    p.since = l.create_revision;
+                }
+                candidates.push((l, p))
+            }
             Err(r) => {
                 rejected.insert(l.key.clone(), (r, l.mod_revision));
             }
@@ -466,11 +471,14 @@ mod tests {
         let o = v.apply_changes(evs);
         assert_eq!(
             o.updates,
-            vec![PeerUpdate::Upsert(Peer::v4(
-                honest.subnet.v4.unwrap(),
-                honest.attrs.public_ip,
-                MacAddr([2, 0, 0, 0, 0, 5]),
-            ))]
+            vec![PeerUpdate::Upsert(Peer {
+                since: honest.create_revision,
+                ..Peer::v4(
+                    honest.subnet.v4.unwrap(),
+                    honest.attrs.public_ip,
+                    MacAddr([2, 0, 0, 0, 0, 5]),
+                )
+            })]
         );
         assert_eq!(v.rejected.len(), 3);
         let names: std::collections::BTreeSet<_> =

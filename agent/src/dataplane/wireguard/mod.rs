@@ -466,12 +466,7 @@ impl WgOverlay {
     /// mode its address of the device's family; on one device for both
     /// families, the one `Mode` picks (`auto`: IPv4 where it has one).
     fn endpoint(&self, ps: &[&Peer]) -> Option<IpAddr> {
-        let v4 = ps.iter().find(|p| p.vtep.is_ipv4()).map(|p| p.vtep);
-        let v6 = ps.iter().find(|p| p.vtep.is_ipv6()).map(|p| p.vtep);
-        match self.spec.config.mode {
-            WgMode::Ipv6 => v6.or(v4),
-            _ => v4.or(v6),
-        }
+        endpoint(ps, self.spec.config.mode)
     }
 
     /// Applies peer changes: only the keys they touch are written, so
@@ -690,5 +685,83 @@ impl WgOverlay {
     /// The devices and their ports, for status.
     pub(crate) fn devices(&self) -> Vec<(&'static str, u16)> {
         self.devices.iter().map(|d| (d.name, d.port)).collect()
+    }
+}
+
+/// Where a node with the peers `ps` (one public key) is reached under
+/// `mode`. A node whose address changed has two leases until the old one
+/// expires: the newest lease's address wins, whatever order the peers
+/// come in, so every node sends to where the node is now.
+fn endpoint(ps: &[&Peer], mode: WgMode) -> Option<IpAddr> {
+    let newest = |v6: bool| {
+        ps.iter()
+            .filter(|p| p.vtep.is_ipv6() == v6)
+            .max_by_key(|p| (p.since, p.vtep))
+            .map(|p| p.vtep)
+    };
+    match mode {
+        WgMode::Ipv6 => newest(true).or(newest(false)),
+        _ => newest(false).or(newest(true)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mac::MacAddr;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn peer(subnet: &str, vtep: IpAddr, since: i64) -> Peer {
+        Peer {
+            subnet: subnet.parse().unwrap(),
+            vtep,
+            mac: MacAddr([0; 6]),
+            key: None,
+            since,
+        }
+    }
+
+    fn permutations<T: Copy>(items: &[T]) -> Vec<Vec<T>> {
+        if items.len() <= 1 {
+            return vec![items.to_vec()];
+        }
+        let mut out = Vec::new();
+        for i in 0..items.len() {
+            let mut rest = items.to_vec();
+            let first = rest.remove(i);
+            for mut p in permutations(&rest) {
+                p.insert(0, first);
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_moved_node_is_reached_at_its_newest_address_in_any_order() {
+        let old = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1));
+        let new = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 9));
+        let old6 = IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1));
+        let new6 = IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 9));
+        // The node's old lease (revision 5) and, after its address
+        // changed, its new one (revision 9), each dual-stack.
+        let peers = [
+            peer("10.5.1.0/24", old, 5),
+            peer("fd10:0:0:1::/64", old6, 5),
+            peer("10.5.7.0/24", new, 9),
+            peer("fd10:0:0:7::/64", new6, 9),
+        ];
+        let mut orders = 0;
+        for order in permutations(&[0, 1, 2, 3]) {
+            let ps: Vec<&Peer> = order.iter().map(|&i| &peers[i]).collect();
+            assert_eq!(endpoint(&ps, WgMode::Auto), Some(new), "{order:?}");
+            assert_eq!(endpoint(&ps, WgMode::Ipv4), Some(new), "{order:?}");
+            assert_eq!(endpoint(&ps, WgMode::Ipv6), Some(new6), "{order:?}");
+            orders += 1;
+        }
+        assert_eq!(orders, 24);
+        // Only the old lease's IPv6 half left: its address, not nothing.
+        let ps = [&peers[0], &peers[1], &peers[2]];
+        assert_eq!(endpoint(&ps, WgMode::Ipv6), Some(old6));
     }
 }
