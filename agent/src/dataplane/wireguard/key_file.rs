@@ -21,44 +21,70 @@ pub struct PrivateKey([u8; 32]);
 
 impl PrivateKey {
     /// Reads the key at `path`, or makes one and writes it there (0400,
-    /// in a directory made 0755 if needed). A file that exists but holds
-    /// no key is an error: it is never overwritten (the node's identity
-    /// would change under its peers).
+    /// in a directory made 0755 if needed). The file is written whole
+    /// under another name and then linked into place, so a crash or a full
+    /// disk never leaves a half-written key. A file that exists but holds
+    /// no key (written by something else, or cut short before this) is set
+    /// aside beside it, never deleted, and a new key is made: the node's
+    /// public key changes, and its lease says so.
     pub fn load_or_create(path: &Path) -> Result<Self> {
         match std::fs::read_to_string(path) {
-            Ok(text) => {
-                let k = WgKey::parse(text.trim()).map_err(|e| {
-                    anyhow::anyhow!(
-                        "{} holds no WireGuard private key ({e}); remove it to have a new key made",
-                        path.display()
-                    )
-                })?;
-                Ok(Self(k.0))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let key = Self::generate();
-                if let Some(dir) = path.parent()
-                    && !dir.as_os_str().is_empty()
-                {
-                    std::fs::create_dir_all(dir)
-                        .with_context(|| format!("creating {}", dir.display()))?;
+            Ok(text) => match WgKey::parse(text.trim()) {
+                Ok(k) => Ok(Self(k.0)),
+                Err(e) => {
+                    let aside = set_aside(path)?;
+                    tracing::warn!(file = %path.display(), moved_to = %aside.display(), error = %e, "the WireGuard key file holds no key: set it aside, making a new key");
+                    Self::create(path)
                 }
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o400)
-                    .open(path)
-                    .with_context(|| format!("creating {}", path.display()))?;
-                f.write_all(WgKey(key.0).to_string().as_bytes())
-                    .and_then(|()| f.sync_all())
-                    .with_context(|| format!("writing {}", path.display()))?;
-                // Whatever the umask did.
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o400))?;
-                tracing::info!(file = %path.display(), public_key = %key.public(), "made a WireGuard key for this node");
-                Ok(key)
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Self::create(path),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                let aside = set_aside(path)?;
+                tracing::warn!(file = %path.display(), moved_to = %aside.display(), "the WireGuard key file is not text: set it aside, making a new key");
+                Self::create(path)
             }
             Err(e) => bail!("reading {}: {e}", path.display()),
         }
+    }
+
+    /// Makes a key and writes it to `path`, which must not exist.
+    fn create(path: &Path) -> Result<Self> {
+        let key = Self::generate();
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let name = path
+            .file_name()
+            .with_context(|| format!("{} names no file", path.display()))?;
+        let tmp = dir.join(format!(".{}.new", name.to_string_lossy()));
+        // A leftover of a start cut short.
+        let _ = std::fs::remove_file(&tmp);
+        let written = (|| -> Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o400)
+                .open(&tmp)
+                .with_context(|| format!("creating {}", tmp.display()))?;
+            f.write_all(WgKey(key.0).to_string().as_bytes())
+                .and_then(|()| f.sync_all())
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            // Whatever the umask did.
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o400))?;
+            // Never over a key another start wrote meanwhile.
+            std::fs::hard_link(&tmp, path)
+                .with_context(|| format!("linking {} to {}", tmp.display(), path.display()))?;
+            Ok(())
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        written?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        tracing::info!(file = %path.display(), public_key = %key.public(), "made a WireGuard key for this node");
+        Ok(key)
     }
 
     /// A new random key, clamped as Curve25519 wants.
@@ -79,6 +105,20 @@ impl PrivateKey {
         let secret = x25519_dalek::StaticSecret::from(self.0);
         WgKey(x25519_dalek::PublicKey::from(&secret).to_bytes())
     }
+}
+
+/// Renames the unusable key file `path` to `<path>.bad-<unix seconds>`.
+fn set_aside(path: &Path) -> Result<std::path::PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".bad-{secs}"));
+    let aside = std::path::PathBuf::from(aside);
+    std::fs::rename(path, &aside)
+        .with_context(|| format!("setting {} aside as {}", path.display(), aside.display()))?;
+    Ok(aside)
 }
 
 impl Clone for PrivateKey {
@@ -132,11 +172,38 @@ mod tests {
             PrivateKey::load_or_create(&path).unwrap().public(),
             a.public()
         );
-        std::fs::remove_file(&path).unwrap();
-        std::fs::write(&path, "garbage").unwrap();
-        let e = PrivateKey::load_or_create(&path).unwrap_err().to_string();
-        assert!(e.contains("holds no WireGuard private key"), "{e}");
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "garbage");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A key file cut short (a crash or a full disk while an older build
+    /// wrote it), empty, or not text: set aside, kept, and a new key made,
+    /// so the node starts.
+    #[test]
+    fn a_file_holding_no_key_is_set_aside_and_a_new_key_made() {
+        let dir = std::env::temp_dir().join(format!("weft-wgkey-bad-{}", std::process::id()));
+        let path = dir.join("wgkey");
+        let good = WgKey(*PrivateKey::generate().bytes()).to_string();
+        let bad: [&[u8]; 4] = [b"", good[..20].as_bytes(), b"garbage", b"\xff\xfe\x00"];
+        for (i, content) in bad.iter().enumerate() {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, content).unwrap();
+            // A leftover of a start cut short is no obstacle.
+            std::fs::write(dir.join(".wgkey.new"), "x").unwrap();
+            let k = PrivateKey::load_or_create(&path).unwrap_or_else(|e| panic!("case {i}: {e:#}"));
+            assert_eq!(
+                PrivateKey::load_or_create(&path).unwrap().public(),
+                k.public(),
+                "case {i}: the new key is kept"
+            );
+            let aside: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.to_string_lossy().contains("wgkey.bad-"))
+                .collect();
+            assert_eq!(aside.len(), 1, "case {i}: {aside:?}");
+            assert_eq!(&std::fs::read(&aside[0]).unwrap(), content, "case {i}");
+            assert!(!dir.join(".wgkey.new").exists(), "case {i}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 }
