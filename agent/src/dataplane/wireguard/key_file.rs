@@ -183,7 +183,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("weft-wgkey-bad-{}", std::process::id()));
         let path = dir.join("wgkey");
         let good = WgKey(*PrivateKey::generate().bytes()).to_string();
-        let bad: [&[u8]; 4] = [b"", good[..20].as_bytes(), b"garbage", b"\xff\xfe\x00"];
+        let bad: [&[u8]; 4] = [b"", &good.as_bytes()[..20], b"garbage", b"\xff\xfe\x00"];
         for (i, content) in bad.iter().enumerate() {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(&path, content).unwrap();
