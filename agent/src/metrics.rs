@@ -49,6 +49,8 @@ pub(crate) struct Metrics {
     /// Peers not (fully) programmed, by problem.
     problems: Mutex<BTreeMap<&'static str, u64>>,
     old_subnet_pods: AtomicU64,
+    /// Whether subnet.env names the subnets held (0 while a write fails).
+    subnet_file_current: AtomicBool,
     /// Things found removed and put back, by what.
     repairs: Mutex<BTreeMap<&'static str, u64>>,
     /// Peers reached without encapsulation (DirectRouting).
@@ -155,6 +157,9 @@ impl Metrics {
     }
     pub(crate) fn set_problems(&self, by_kind: BTreeMap<&'static str, u64>) {
         *self.problems.lock().expect("metrics lock") = by_kind;
+    }
+    pub(crate) fn set_subnet_file_current(&self, current: bool) {
+        self.subnet_file_current.store(current, Relaxed);
     }
     pub(crate) fn set_old_subnet_pods(&self, n: u64) {
         self.old_subnet_pods.store(n, Relaxed);
@@ -342,6 +347,12 @@ impl Metrics {
         for (problem, n) in self.problems.lock().expect("metrics lock").iter() {
             let _ = writeln!(o, "{name}{{problem=\"{problem}\"}} {n}");
         }
+        gauge(
+            &mut o,
+            "weft_subnet_file_current",
+            "1 when subnet.env names the subnets this node holds; 0 while writing it fails (a full disk): a file naming other subnets is removed meanwhile, and the node is not ready.",
+            f64::from(u8::from(self.subnet_file_current.load(Relaxed))),
+        );
         gauge(
             &mut o,
             "weft_old_subnet_pods",

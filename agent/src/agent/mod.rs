@@ -64,6 +64,9 @@ struct Agent {
     cni_ipam_dir: PathBuf,
     /// Our subnets, once held.
     subnet: Option<Subnets>,
+    /// Writing subnet.env for our subnets failed: the tick tries again,
+    /// and the node is not ready until it is written.
+    subnet_file_pending: bool,
     /// The subnets we held before a loss moved us, while local pods still
     /// hold addresses in them.
     old_subnet: Option<(Subnets, usize)>,
@@ -177,6 +180,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         subnet_file: args.subnet_file.clone(),
         cni_ipam_dir: args.cni_ipam_dir.clone(),
         subnet: None,
+        subnet_file_pending: false,
         old_subnet: None,
         synced: false,
         state_dir: args.state.state_dir.clone(),
@@ -331,6 +335,9 @@ impl Agent {
                     }
                     self.sync_endpoints().await;
                     self.check_old_subnet();
+                    if self.subnet_file_pending {
+                        self.publish_subnet_env();
+                    }
                     self.apply_path_mtus().await;
                     ticks += 1;
                     if ticks.is_multiple_of(HEAL_EVERY_TICKS) {
@@ -461,17 +468,56 @@ impl Agent {
                     self.metrics.inc_repairs(what);
                     tracing::warn!(what, "something removed part of the dataplane: put back");
                 }
-                if h.mtu_changed
-                    && let Some(subnet) = self.subnet
-                    && let Err(e) = self.write_subnet_env(subnet)
-                {
-                    tracing::error!(error = %format!("{e:#}"), "cannot rewrite the subnet file with the new MTU");
+                if h.mtu_changed {
+                    self.publish_subnet_env();
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "cannot check the dataplane; trying again")
             }
         }
+    }
+
+    /// Writes subnet.env for the subnets held. When that fails (a full
+    /// disk), a file naming other subnets is removed (the CNI plugin would
+    /// hand out addresses of a subnet another node may hold now; without
+    /// the file it refuses), the node is not ready, and each tick tries
+    /// again; the agent goes on serving its peers meanwhile.
+    fn publish_subnet_env(&mut self) {
+        let Some(subnets) = self.subnet else {
+            return;
+        };
+        match self.write_subnet_env(subnets) {
+            Ok(()) => {
+                if self.subnet_file_pending {
+                    tracing::info!(file = %self.subnet_file.display(), "the subnet file is written again");
+                }
+                self.subnet_file_pending = false;
+            }
+            Err(e) => {
+                if !self.subnet_file_pending {
+                    let names = lease::read_subnet(&self.subnet_file).ok().flatten();
+                    let removed = names != Some(subnets)
+                        && match std::fs::remove_file(&self.subnet_file) {
+                            Ok(()) => true,
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                            Err(r) => {
+                                tracing::error!(file = %self.subnet_file.display(), error = %r, "cannot remove the subnet file naming other subnets");
+                                false
+                            }
+                        };
+                    tracing::error!(
+                        error = %format!("{e:#}"),
+                        subnet = %subnets,
+                        removed_stale = removed,
+                        "cannot write the subnet file; trying again each second, not ready until it is written"
+                    );
+                }
+                self.subnet_file_pending = true;
+            }
+        }
+        self.metrics
+            .set_subnet_file_current(!self.subnet_file_pending);
     }
 
     /// Writes subnet.env for `subnets`, with the current overlay MTU.
@@ -559,6 +605,7 @@ impl Agent {
             && self.metrics.lease_held()
             && self.synced
             && self.old_subnet.is_none()
+            && !self.subnet_file_pending
             && self.metrics.watch_lag().is_some_and(|l| l < WATCH_STALE)
     }
 
@@ -781,8 +828,8 @@ impl Agent {
         if let Some(l) = self.dataplane.liberal() {
             self.metrics.set_liberal(l);
         }
-        self.write_subnet_env(held.subnet)?;
         self.subnet = Some(held.subnet);
+        self.publish_subnet_env();
         let updates = self.view.set_held(held);
         self.apply(&updates).await
     }

@@ -87,15 +87,23 @@ impl SubnetEnv {
             path.file_name().unwrap_or_default().to_string_lossy(),
             std::process::id()
         ));
-        let mut f =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(self.render().as_bytes())?;
-        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-        Ok(())
+        let written = (|| -> Result<()> {
+            let mut f = std::fs::File::create(&tmp)
+                .with_context(|| format!("creating {}", tmp.display()))?;
+            f.write_all(self.render().as_bytes())
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            f.sync_all()
+                .with_context(|| format!("syncing {}", tmp.display()))?;
+            drop(f);
+            std::fs::rename(&tmp, path)
+                .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+        })();
+        if written.is_err() {
+            // Nothing half-written left behind (a full disk).
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 }
 
