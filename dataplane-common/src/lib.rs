@@ -370,11 +370,14 @@ pub enum Reason {
     /// the uplink's own subnet and delivered straight into a local pod.
     DirectRx = 15,
     /// Host routing: a pod's packet whose source is another local pod's
-    /// address, or in the node's pod subnets but not the pod's own, or the
-    /// node's address (Cilium's DROP_INVALID_SIP).
+    /// address, or in the node's pod subnets but not the pod's own, the
+    /// node's address, a remote pod's or another node's address (Cilium's
+    /// DROP_INVALID_SIP).
     DropInvalidSource = 16,
     /// Decap: the inner destination is not in this node's pod subnets (a
-    /// VTEP may not use this node as a relay to anywhere else).
+    /// VTEP may not use this node as a relay to anywhere else), or VXLAN
+    /// the kernel decapsulated was sent to another of the node's addresses
+    /// than its VTEP address (a pod's gateway, say).
     DropForeignDestination = 17,
 }
 

@@ -26,7 +26,10 @@ use crate::{
         ENCAP_LEN, ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPPROTO_UDP, IPV4_LEN,
         IPV6_LEN, Ipv4Hdr, Ipv6Hdr, csum_replace,
     },
-    maps::{WEFT_ENDPOINTS, WEFT_ENDPOINTS6, WEFT_PEERS, WEFT_PEERS6, WEFT_POD_IFS},
+    maps::{
+        WEFT_ENDPOINTS, WEFT_ENDPOINTS6, WEFT_PEERS, WEFT_PEERS6, WEFT_POD_IFS, WEFT_VTEPS,
+        WEFT_VTEPS6,
+    },
     packet::{eq16, in_subnet4, in_subnet6, linear, read, write},
     verdict::{Done, Dropped},
 };
@@ -387,9 +390,10 @@ pub(crate) enum Source {
     /// The address of the pod behind this veth: the fast path may take it.
     Endpoint,
     /// Another local pod's address, one of the node's pod subnets that is
-    /// not this pod's, or the node's own address: dropped (the host stack
-    /// would forward the first and drop the last as a martian; neither may
-    /// reach another node as if this pod were someone else).
+    /// not this pod's, the node's own address, a remote pod's address or
+    /// another node's: dropped (the host stack would forward some of them,
+    /// and deliver them to local pods where rp_filter is off; none may
+    /// reach anyone as if this pod were someone else).
     Spoofed,
     /// Anything else (a pod that routes for others, a link-local source),
     /// or a veth host routing does not know (yet): the host stack decides,
@@ -420,6 +424,14 @@ pub(crate) fn source4(ctx: &TcContext, cfg: &DataplaneConfig, saddr: u32) -> Sou
     // SAFETY: a plain hash lookup; the value is not used.
     let other_pod = unsafe { WEFT_ENDPOINTS.get(saddr) }.is_some();
     if own || other_pod || saddr == cfg.local_addr_be {
+        return Source::Spoofed;
+    }
+    // A remote pod's address, or another node's: the stack would deliver
+    // it to a local pod where rp_filter is off.
+    // SAFETY: a plain hash lookup; the value is not used.
+    let remote =
+        WEFT_PEERS.get(Key::new(32, saddr)).is_some() || unsafe { WEFT_VTEPS.get(saddr) }.is_some();
+    if remote {
         Source::Spoofed
     } else {
         Source::Other
@@ -437,6 +449,12 @@ pub(crate) fn source6(ctx: &TcContext, cfg: &DataplaneConfig, saddr: &[u8; 16]) 
     // SAFETY: a plain hash lookup; the value is not used.
     let other_pod = unsafe { WEFT_ENDPOINTS6.get(saddr) }.is_some();
     if in_subnet6(saddr, &cfg.subnet6, &cfg.mask6) || other_pod || eq16(saddr, &cfg.local_addr6) {
+        return Source::Spoofed;
+    }
+    // SAFETY: a plain hash lookup; the value is not used.
+    let remote = WEFT_PEERS6.get(Key::new(128, *saddr)).is_some()
+        || unsafe { WEFT_VTEPS6.get(saddr) }.is_some();
+    if remote {
         Source::Spoofed
     } else {
         Source::Other

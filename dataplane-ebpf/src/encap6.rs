@@ -35,7 +35,7 @@ use crate::{
     family::{Family as _, V4, V6, whose},
     headers::{ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
     maps::WEFT_PEERS6,
-    packet::{linear, read, write},
+    packet::{eq16, linear, read, write},
     verdict::{Done, Dropped},
 };
 
@@ -192,8 +192,26 @@ pub(crate) fn tunnel_rx(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i
     }
     let (data, end) = linear(ctx, ETH_LEN + IPV6_LEN)?;
     let eth = read::<EthHdr>(data, end, 0).ok_or(Reason::DropMalformed)?;
-    // SAFETY: reading the union member the helper filled (IPv6 when `v6`).
-    let remote = unsafe { key.__bindgen_anon_1.remote_ipv6 };
+    // SAFETY: reading the union members the helper filled (IPv6 when `v6`).
+    let (remote, local) = unsafe {
+        (
+            key.__bindgen_anon_1.remote_ipv6,
+            key.__bindgen_anon_3.local_ipv6,
+        )
+    };
+    // The device listens on every address: VXLAN sent to another of the
+    // node's addresses (a pod's gateway, from inside the node) is not a
+    // peer's, whatever its outer source says. The uplink's programs take
+    // only what is sent to the node's VTEP address, and so does this.
+    // (The helper gives IPv4 addresses in host order.)
+    let to_us = if v6 {
+        eq16(&bytes(&local), &cfg.local_addr6)
+    } else {
+        local[0].to_be() == cfg.local_addr_be
+    };
+    if !to_us {
+        return Err(Reason::DropForeignDestination.into());
+    }
     if v6 && eth.proto == ETH_P_IPV6.to_be() {
         let ip = read::<Ipv6Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
         whose::<V6>(cfg, &bytes(&remote), &ip).map_err(|r| V6::dropped(r, &ip, ETH_LEN))?;
