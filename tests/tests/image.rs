@@ -13,7 +13,9 @@
 //!   the host's /proc/sys/net; pods attached with what it installed reach
 //!   pods on the other nodes, the etcd endpoint is a host name resolved
 //!   inside the image, and stopping and starting the container (an
-//!   upgrade) loses no packet of a running ping.
+//!   upgrade) loses no packet of a running ping. The agent container gets
+//!   exactly the DaemonSet's volume mounts (read from the manifest), and
+//!   with them adopts a pod another plugin attached.
 
 use std::{
     net::Ipv4Addr,
@@ -24,7 +26,7 @@ use std::{
 
 use ipnet::Ipv4Net;
 use serde_json::Value;
-use weft::dataplane::{PeerMaps, PinDir};
+use weft::dataplane::{EndpointMap, PeerMaps, PinDir};
 use weft_tests::{
     agent::eventually,
     cluster::{Node, ping},
@@ -188,6 +190,56 @@ fn rand_id() -> u128 {
     u128::from_le_bytes(b)
 }
 
+/// One volume mount of the DaemonSet's agent container.
+struct Mount {
+    /// The hostPath on a node.
+    host: String,
+    container: String,
+    read_only: bool,
+    propagation: Option<String>,
+}
+
+/// The agent container's hostPath mounts, as `deploy/daemonset.yaml`
+/// declares them (Secrets and ConfigMaps aside).
+fn manifest_mounts() -> Vec<Mount> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
+        ])
+        .arg(deploy_dir().join("daemonset.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ds: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let spec = &ds["spec"]["template"]["spec"];
+    let volumes = spec["volumes"].as_array().unwrap();
+    let agent = spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "weft")
+        .expect("the DaemonSet has a container named weft");
+    agent["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let vol = volumes.iter().find(|v| v["name"] == m["name"])?;
+            Some(Mount {
+                host: vol["hostPath"]["path"].as_str()?.to_string(),
+                container: m["mountPath"].as_str().unwrap().to_string(),
+                read_only: m["readOnly"].as_bool().unwrap_or(false),
+                propagation: m["mountPropagation"].as_str().map(str::to_string),
+            })
+        })
+        .collect()
+}
+
 fn v(host: &Path, container: &str, opts: &str) -> String {
     format!("{}:{container}{opts}", host.display())
 }
@@ -289,9 +341,60 @@ fn the_image_as_a_node_agent() {
     let etcd_name = "etcd.weft.test";
     let ipam_dir = node.ipam_dir.clone();
     std::fs::create_dir_all(&ipam_dir).unwrap();
+    let results = node.cni_cache_dir.join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    // Each hostPath the DaemonSet mounts into the agent, at this node's
+    // place for it.
+    let mounts: Vec<String> = manifest_mounts()
+        .iter()
+        .map(|m| {
+            let here = match m.host.as_str() {
+                "/run/flannel" => host.run_flannel.clone(),
+                "/run/weft" => host.run_weft.clone(),
+                "/etc/machine-id" => host.machine_id.clone(),
+                "/sys/fs/bpf" => pins.path().to_path_buf(),
+                "/proc/sys/net" => PathBuf::from("/proc/sys/net"),
+                "/var/lib/cni/networks" => ipam_dir.clone(),
+                "/var/lib/cni/results" => results.clone(),
+                other => panic!("the DaemonSet mounts {other}: give it a place in this test"),
+            };
+            let mut opts: Vec<&str> = Vec::new();
+            if m.read_only {
+                opts.push("ro");
+            }
+            match m.propagation.as_deref() {
+                None | Some("None") => {}
+                Some("HostToContainer") => opts.push("rslave"),
+                Some(p) => panic!("mountPropagation {p} of {}", m.container),
+            }
+            let opts = if opts.is_empty() {
+                String::new()
+            } else {
+                format!(":{}", opts.join(","))
+            };
+            v(&here, &m.container, &opts)
+        })
+        .collect();
+    for want in [
+        "/run/flannel",
+        "/sys/fs/bpf",
+        "/var/lib/cni/networks",
+        "/var/lib/cni/results",
+    ] {
+        assert!(
+            mounts.iter().any(|m| m.contains(&format!(":{want}"))),
+            "the DaemonSet mounts {want} into the agent: {mounts:?}"
+        );
+    }
+    let seccomp_opt = format!("seccomp={}", profile.display());
+    let add_host = format!("{etcd_name}:{ETCD_IP}");
+    let etcd_env = format!("FLANNELD_ETCD_ENDPOINTS=http://{etcd_name}:2379");
     let run_agent = || {
-        podman.ok(&[
-            "run",
+        let mut args: Vec<&str> = vec!["run"];
+        for m in &mounts {
+            args.extend(["-v", m]);
+        }
+        args.extend([
             "-d",
             "--name",
             "weft",
@@ -304,32 +407,21 @@ fn the_image_as_a_node_agent() {
             "--security-opt",
             "no-new-privileges",
             "--security-opt",
-            &format!("seccomp={}", profile.display()),
+            &seccomp_opt,
             "--add-host",
-            &format!("{etcd_name}:{ETCD_IP}"),
-            "-v",
-            &v(&host.run_flannel, "/run/flannel", ""),
-            "-v",
-            &v(&host.run_weft, "/run/weft", ""),
-            "-v",
-            &v(&host.machine_id, "/etc/machine-id", ":ro"),
-            "-v",
-            &v(pins.path(), "/sys/fs/bpf", ":rslave"),
-            "-v",
-            "/proc/sys/net:/host/proc/sys/net",
+            &add_host,
             "-e",
             "WEFT_PROC_SYS_NET=/host/proc/sys/net",
-            "-v",
-            &v(&ipam_dir, "/var/lib/cni/networks", ":ro"),
             "-e",
-            &format!("FLANNELD_ETCD_ENDPOINTS=http://{etcd_name}:2379"),
+            &etcd_env,
             "-e",
             "FLANNELD_IFACE=eth0",
             "-e",
             "FLANNELD_HEALTHZ_PORT=8081",
             &reference,
             "agent",
-        ])
+        ]);
+        podman.ok(&args)
     };
     run_agent();
     let subnet_file = host.run_flannel.join("subnet.env");
@@ -352,6 +444,24 @@ fn the_image_as_a_node_agent() {
         (peers() == 2).then_some(())
     });
 
+    // A pod another plugin attached (flannel's chain: bridge and
+    // host-local, no `weft` line): the agent finds its result in libcni's
+    // cache through the DaemonSet's mounts and adopts it for host routing.
+    node.use_subnet(subnet, 1450);
+    let adopted_ip = node.add_pod().unwrap().ip;
+    eventually(
+        "the containerized agent adopts the other plugin's pod",
+        T,
+        || {
+            EndpointMap::open(&node_pins)
+                .and_then(|m| m.all())
+                .ok()?
+                .iter()
+                .any(|(ip, _)| *ip == std::net::IpAddr::V4(adopted_ip))
+                .then_some(())
+        },
+    );
+
     // Pods attached with what install-cni put on the node, as a runtime
     // reads it from /etc/cni/net.d and /opt/cni/bin.
     let text: Value = serde_json::from_str(&std::fs::read_to_string(&installed).unwrap()).unwrap();
@@ -363,7 +473,7 @@ fn the_image_as_a_node_agent() {
     });
     let pod_ip = node.add_pod().unwrap().ip;
     assert!(subnet.contains(&pod_ip), "{pod_ip} in {subnet}");
-    let pod = &node.pods[0];
+    let pod = node.pods.last().unwrap();
     for other in &c.nodes {
         let far = &other.node.pods[0];
         eventually("pods reach each other across the image's node", T, || {

@@ -43,6 +43,7 @@ pub(crate) fn adopted(
     ipam_dir: &Path,
     own: &[Record],
 ) -> (Vec<Record>, Vec<(String, String)>) {
+    let own_ips: HashSet<IpAddr> = own.iter().flat_map(Record::ips).collect();
     let own: HashSet<String> = own.iter().map(Record::owner).collect();
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     let Ok(entries) = std::fs::read_dir(cache_dir.join("results")) else {
@@ -54,13 +55,35 @@ pub(crate) fn adopted(
         if name.starts_with('.') {
             continue;
         }
-        match adopt(&path, ipam_dir) {
-            Ok(Some(r)) if !own.contains(&r.owner()) => out.push(r),
-            Ok(_) => {}
+        let kept = match adopt(&path, ipam_dir) {
+            Ok(Some(r)) => beside_own(&r, &own, &own_ips).map(|keep| keep.then_some(r)),
+            other => other,
+        };
+        match kept {
+            Ok(Some(r)) => out.push(r),
+            Ok(None) => {}
             Err(why) => skipped.push((name, why)),
         }
     }
     (out, skipped)
+}
+
+/// Whether an adopted record stands beside the plugin's own records
+/// (owners `own`, addresses `own_ips`): not when it is one of them (the
+/// plugin's record is exact), and not when the plugin attached a pod with
+/// one of its addresses (the cache entry is left from before).
+fn beside_own(
+    r: &Record,
+    own: &HashSet<String>,
+    own_ips: &HashSet<IpAddr>,
+) -> Result<bool, String> {
+    if own.contains(&r.owner()) {
+        return Ok(false);
+    }
+    if r.ips().iter().any(|ip| own_ips.contains(ip)) {
+        return Err("Weft's plugin attached a pod with its address since".into());
+    }
+    Ok(true)
 }
 
 /// One cache entry: `Ok(None)` when it is not an attachment of a pod to a
@@ -104,7 +127,7 @@ fn adopt(path: &PathBuf, ipam_dir: &Path) -> Result<Option<Record>, String> {
         .find(|n| super::record::is_bridge(n))
         .unwrap_or(DEFAULT_BRIDGE)
         .to_string();
-    let Ok(r) = Record::from_result(
+    let Ok(mut r) = Record::from_result(
         &network,
         &bridge,
         container_id,
@@ -118,6 +141,14 @@ fn adopt(path: &PathBuf, ipam_dir: &Path) -> Result<Option<Record>, String> {
         return Ok(None);
     };
     host_local_agrees(ipam_dir, &r)?;
+    // When the runtime wrote the entry, not when it was read: of two
+    // attachments with one address the newer wins, and reading again
+    // changes nothing.
+    r.added_ns = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
     Ok(Some(r))
 }
 
@@ -145,4 +176,48 @@ fn host_local_agrees(ipam_dir: &Path, r: &Record) -> Result<(), String> {
 /// host-local's file name for an address (the address itself).
 fn ip_file(ip: IpAddr) -> String {
     ip.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mac::MacAddr;
+
+    fn record(container: &str, ip: [u8; 4], added_ns: u128) -> Record {
+        Record {
+            container_id: container.into(),
+            ifname: "eth0".into(),
+            netns: "/var/run/netns/x".into(),
+            network: "cbr0".into(),
+            ip: std::net::Ipv4Addr::from(ip).into(),
+            other_ips: Vec::new(),
+            pod_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            host_if: "veth1".into(),
+            host_ifindex: 7,
+            gw_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            added_ns,
+            delegate: None,
+            netkit: false,
+        }
+    }
+
+    /// A cache entry left for an address Weft's plugin has since given to
+    /// a pod never stands beside the plugin's record, however recently it
+    /// was read; one of the plugin's own attachments is the plugin's.
+    #[test]
+    fn the_plugins_records_win_over_cache_entries() {
+        let mine = record("new", [10, 244, 1, 5], 1);
+        let own: HashSet<String> = [mine.owner()].into();
+        let own_ips: HashSet<IpAddr> = mine.ips().into_iter().collect();
+        let stale = record("old", [10, 244, 1, 5], u128::MAX);
+        assert!(beside_own(&stale, &own, &own_ips).is_err());
+        assert_eq!(
+            beside_own(&record("new", [10, 244, 1, 5], 9), &own, &own_ips),
+            Ok(false)
+        );
+        assert_eq!(
+            beside_own(&record("other", [10, 244, 1, 6], 9), &own, &own_ips),
+            Ok(true)
+        );
+    }
 }
