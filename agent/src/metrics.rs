@@ -75,6 +75,7 @@ pub(crate) struct Metrics {
     upgrade_refused: AtomicBool,
     /// `weft rollback` put the previous programs back.
     rolled_back: AtomicBool,
+    programs_verified: AtomicBool,
     /// The dataplane's programs are in (the gauges above mean something).
     programs_known: AtomicBool,
     /// Continuous peer health, once probing.
@@ -192,11 +193,13 @@ impl Metrics {
         selftest: Option<(usize, usize)>,
         refused: bool,
         rolled_back: bool,
+        verified: bool,
     ) {
         *self.selftest.lock().expect("metrics lock") = selftest;
         self.programs_known.store(true, Relaxed);
         self.upgrade_refused.store(refused, Relaxed);
         self.rolled_back.store(rolled_back, Relaxed);
+        self.programs_verified.store(verified, Relaxed);
     }
     pub(crate) fn set_health(&self, h: crate::health::HealthView) {
         let _ = self.health.set(h);
@@ -449,6 +452,12 @@ impl Metrics {
                 } else {
                     0.0
                 },
+            );
+            gauge(
+                &mut o,
+                "weft_programs_verified",
+                "1 once the programs in the links have reached a sample of the peers through the tunnel (after a swap, or once the peer table is complete); 0 meanwhile, and the node is not ready.",
+                f64::from(u8::from(self.programs_verified.load(Relaxed))),
             );
         }
         if let Some(h) = self.health.get() {

@@ -135,7 +135,15 @@ pub(crate) struct Programs {
     pub(crate) rolled_back: bool,
     #[serde(default)]
     pub(crate) rollback_reason: Option<String>,
+    /// The programs in the links have reached the peers (a report of an
+    /// earlier release says nothing: taken as verified).
+    #[serde(default = "yes")]
+    pub(crate) verified: bool,
     pub(crate) ids: std::collections::BTreeMap<String, u32>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,7 +2,9 @@
 //! fail the self-test leaves the running ones in the links; one whose
 //! programs pass swaps them in; `weft rollback` puts the previous ones
 //! back. Under a 100 pps ping and a paced UDP stream between pods on two
-//! nodes, nothing is lost at any step.
+//! nodes, nothing is lost at any step. A node never reports Ready with
+//! programs that do not reach its peers: not after an agent killed within
+//! its swap's grace, not after a restart with nothing pinned.
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
@@ -247,6 +249,158 @@ fn an_upgrade_that_loses_the_peers_is_rolled_back_by_the_agent() {
     // The agent keeps them, and the pods reach each other again.
     std::thread::sleep(weft_tests::scaled(Duration::from_secs(3)));
     assert_eq!(link_programs(n), first);
+    assert!(c.all_pairs_reach().is_ok());
+}
+
+/// Watches a node's readiness until its agent has rolled back, or until
+/// `within`; fails if the node reports Ready before (with programs that
+/// do not reach the peers). Returns whether it rolled back.
+fn never_ready_before_rollback(n: &WeftNode, within: Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        let ready = n.series("weft_ready");
+        let rolled_back = n.series("weft_programs_rolled_back");
+        if rolled_back == Some(1.0) {
+            return true;
+        }
+        assert_ne!(
+            ready,
+            Some(1.0),
+            "{}: ready with programs that lose the peers; log:\n{}",
+            n.agent.name,
+            n.agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// An upgrade to programs that pass the self-test but lose the peers,
+/// whose agent is killed between the swap and its check (an OOM kill, a
+/// second rollout): the build it replaced stays pinned, and the next
+/// start of the same bad build, with nothing answering through the
+/// programs in the links, checks them once its peer table is complete,
+/// rolls back to the good ones, and only then reports Ready.
+#[test]
+fn a_kill_within_the_grace_keeps_the_good_programs_to_roll_back_to() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    c.wait_meshed(T);
+    let n = &c.nodes[1];
+    // Checked once the peer table was complete.
+    n.wait_metric("weft_programs_verified", |v| v == 1.0, T);
+    let good = link_programs(n);
+
+    let n = &mut c.nodes[1];
+    n.agent
+        .args_mut()
+        .extend(["--inject-fault".to_string(), "decap-live".to_string()]);
+    n.agent.restart().unwrap();
+    let n = &mut c.nodes[1];
+    eventually("the bad programs are swapped in", T, || {
+        (link_programs(n) != good).then_some(())
+    });
+    n.agent.kill();
+    let bad = link_programs(n);
+
+    n.agent.restart().unwrap();
+    let n = &c.nodes[1];
+    assert!(
+        never_ready_before_rollback(n, weft_tests::scaled(Duration::from_secs(60))),
+        "the agent rolled back; log:\n{}",
+        n.agent.log()
+    );
+    assert_eq!(
+        link_programs(n),
+        good,
+        "the good programs are back in every link"
+    );
+    assert_ne!(good, bad);
+    n.wait_metric("weft_programs_verified", |v| v == 1.0, T);
+    n.wait_metric("weft_ready", |v| v == 1.0, T);
+    let status = n.weft(&["status"]).unwrap();
+    assert!(status.contains("ROLLED BACK by the agent"), "{status}");
+    assert!(c.all_pairs_reach().is_ok());
+}
+
+/// A restart with nothing pinned (a reboot) onto programs that pass the
+/// self-test but lose the peers: nothing to roll back to, so the node is
+/// never ready, says why, and checks again; the good build makes it ready.
+#[test]
+fn a_bad_build_on_a_rebooted_node_is_never_ready() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    c.wait_meshed(T);
+    let n = &mut c.nodes[1];
+    n.agent.stop().unwrap();
+    let out = n.weft(&["teardown"]).unwrap();
+    println!("{out}");
+    n.agent
+        .args_mut()
+        .extend(["--inject-fault".to_string(), "decap-live".to_string()]);
+    n.agent.restart().unwrap();
+    let n = &c.nodes[1];
+    n.wait_dataplane_up(T);
+    n.agent
+        .wait_log(
+            "no verified programs are pinned to roll back to",
+            weft_tests::scaled(T),
+        )
+        .unwrap();
+    // Two more checks' worth of time: never ready.
+    let until = std::time::Instant::now() + weft_tests::scaled(Duration::from_secs(12));
+    while std::time::Instant::now() < until {
+        assert_ne!(
+            n.series("weft_ready"),
+            Some(1.0),
+            "ready without reaching the peers"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(n.metric("weft_programs_verified"), 0.0);
+    let status = n.weft(&["status"]).unwrap();
+    assert!(status.contains("NOT VERIFIED"), "{status}");
+
+    let n = &mut c.nodes[1];
+    n.agent
+        .args_mut()
+        .retain(|a| a != "--inject-fault" && a != "decap-live");
+    n.agent.restart().unwrap();
+    let n = &c.nodes[1];
+    n.wait_dataplane_up(T);
+    n.wait_metric("weft_programs_verified", |v| v == 1.0, T);
+    n.wait_metric("weft_ready", |v| v == 1.0, T);
+    assert!(c.all_pairs_reach().is_ok());
+}
+
+/// A peer that is down (its node powered off, its lease not yet expired)
+/// proves nothing either way: a restart with nothing pinned, while the
+/// only peer does not answer on the underlay, becomes ready, and says so.
+#[test]
+fn a_node_whose_peers_are_down_still_becomes_ready() {
+    let mut c = WeftCluster::new(2, &[]).unwrap();
+    c.wait_meshed(T);
+    c.nodes[0]
+        .node
+        .ns
+        .exec("ip", &["link", "set", "eth0", "down"])
+        .unwrap();
+    let n = &mut c.nodes[1];
+    n.agent.stop().unwrap();
+    n.weft(&["teardown"]).unwrap();
+    n.agent.restart().unwrap();
+    let n = &c.nodes[1];
+    n.wait_dataplane_up(T);
+    n.agent
+        .wait_log(
+            "no sampled peer answers on the underlay",
+            weft_tests::scaled(T),
+        )
+        .unwrap();
+    n.wait_metric("weft_ready", |v| v == 1.0, T);
+    c.nodes[0]
+        .node
+        .ns
+        .exec("ip", &["link", "set", "eth0", "up"])
+        .unwrap();
     assert!(c.all_pairs_reach().is_ok());
 }
 

@@ -20,7 +20,7 @@ use self::plan::{Host, NodePlan};
 use crate::{
     cli::{AgentArgs, DatapathKind},
     cni,
-    dataplane::{Dataplane, HostRouting, PeerUpdate, ProblemKind},
+    dataplane::{Dataplane, HostRouting, PeerUpdate, ProblemKind, Verified},
     health,
     lease::{
         self, EnvFamily, EtcdStore, HeldLease, LeaseHolder, LeaseView, NetworkConfig, SubnetEnv,
@@ -38,6 +38,8 @@ const BATCH_BURST: usize = 64;
 
 /// The dataplane is checked (and repaired) every this many 1 s ticks, and
 /// whenever rtnetlink reports a change.
+/// How long after a failed check of the programs the next one starts.
+const VERIFY_RETRY: Duration = Duration::from_secs(2);
 const HEAL_EVERY_TICKS: u64 = 2;
 
 /// The TLS files are checked for new contents every this many 1 s ticks.
@@ -67,6 +69,10 @@ struct Agent {
     /// Writing subnet.env for our subnets failed: the tick tries again,
     /// and the node is not ready until it is written.
     subnet_file_pending: bool,
+    /// A check that the programs in the links reach the peers, running.
+    verifying: Option<tokio::task::JoinHandle<Result<usize, String>>>,
+    /// When the next such check may start (after one that failed).
+    verify_at: Option<tokio::time::Instant>,
     /// The subnets we held before a loss moved us, while local pods still
     /// hold addresses in them.
     old_subnet: Option<(Subnets, usize)>,
@@ -181,6 +187,8 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         cni_ipam_dir: args.cni_ipam_dir.clone(),
         subnet: None,
         subnet_file_pending: false,
+        verifying: None,
+        verify_at: None,
         old_subnet: None,
         synced: false,
         state_dir: args.state.state_dir.clone(),
@@ -338,6 +346,7 @@ impl Agent {
                     if self.subnet_file_pending {
                         self.publish_subnet_env();
                     }
+                    self.verify_programs().await;
                     self.apply_path_mtus().await;
                     ticks += 1;
                     if ticks.is_multiple_of(HEAL_EVERY_TICKS) {
@@ -478,6 +487,70 @@ impl Agent {
         }
     }
 
+    /// Checks, once the peer table is complete, that the programs in the
+    /// links reach a sample of the peers where nothing proved it before
+    /// (nothing answered before a swap, or there was no swap: a reboot);
+    /// the node is not ready until they do. A failed check puts back the
+    /// previous generation where it is verified; otherwise it is tried
+    /// again 2 s after.
+    async fn verify_programs(&mut self) {
+        if self.verifying.as_ref().is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        if let Some(h) = self.verifying.take() {
+            let checked = h
+                .await
+                .unwrap_or_else(|e| Err(format!("the check did not finish: {e}")));
+            match self.dataplane.verify(checked) {
+                Ok(Verified::Reached(0)) => tracing::warn!(
+                    "no sampled peer answers on the underlay: nothing to check the programs in the links against (checked again at the next start)"
+                ),
+                Ok(Verified::Reached(n)) => {
+                    tracing::info!(
+                        answered = n,
+                        "the programs in the links reach the peers: verified"
+                    )
+                }
+                Ok(Verified::RolledBack(why)) => {
+                    tracing::error!(%why, "the programs in the links do not reach the peers: rolled back to the verified programs before them");
+                }
+                Ok(Verified::Lost(why)) => {
+                    tracing::error!(%why, "the programs in the links do not reach the peers and no verified programs are pinned to roll back to: not ready, checking again");
+                    self.verify_at = Some(tokio::time::Instant::now() + VERIFY_RETRY);
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "cannot act on the check of the programs");
+                    self.verify_at = Some(tokio::time::Instant::now() + VERIFY_RETRY);
+                }
+            }
+            return;
+        }
+        if !self.synced
+            || self
+                .verify_at
+                .is_some_and(|t| tokio::time::Instant::now() < t)
+        {
+            return;
+        }
+        let Some(targets) = self.dataplane.unverified_targets() else {
+            return;
+        };
+        if targets.is_empty() {
+            // No peers: nothing to reach (the generation stays unmarked).
+            if let Err(e) = self.dataplane.verify(Ok(0)) {
+                tracing::error!(error = %format!("{e:#}"), "cannot act on the check of the programs");
+            }
+            return;
+        }
+        tracing::info!(
+            peers = targets.len(),
+            "checking that the programs in the links reach the peers"
+        );
+        self.verifying = Some(tokio::task::spawn_blocking(move || {
+            crate::dataplane::check_reach(&targets)
+        }));
+    }
+
     /// Writes subnet.env for the subnets held. When that fails (a full
     /// disk), a file naming other subnets is removed (the CNI plugin would
     /// hand out addresses of a subnet another node may hold now; without
@@ -606,6 +679,7 @@ impl Agent {
             && self.synced
             && self.old_subnet.is_none()
             && !self.subnet_file_pending
+            && self.dataplane.verified()
             && self.metrics.watch_lag().is_some_and(|l| l < WATCH_STALE)
     }
 
@@ -690,6 +764,7 @@ impl Agent {
                 }),
                 p.upgrade_refused,
                 p.rolled_back,
+                p.verified,
             );
         }
         self.reporter.write(Report {
@@ -725,6 +800,7 @@ impl Agent {
                 upgrade_refused: p.upgrade_refused,
                 rolled_back: p.rolled_back,
                 rollback_reason: p.rollback_reason,
+                verified: p.verified,
                 ids: p.ids,
             }),
             subnet: self.subnet.map(|s| s.to_string()),

@@ -367,5 +367,10 @@ fn print_programs(p: &crate::report::Programs) {
         }
         (None, false) => {}
     }
+    if !p.verified {
+        println!(
+            "  programs: NOT VERIFIED: they have not reached the peers through the tunnel yet (checked again and again; the node is not ready meanwhile)"
+        );
+    }
     println!("  program ids: {ids}");
 }

@@ -10,6 +10,13 @@
 //! directories, and a running agent follows. Each generation records its
 //! map layout version as an empty directory `layout-v<N>` inside it (a bpf
 //! filesystem holds no regular files): a rollback stays within one layout.
+//!
+//! A generation that has reached the node's peers through the real devices
+//! (the agent's check after a swap, or after the first sync) is marked
+//! `verified` the same way. An install keeps a verified previous
+//! generation rather than replace it by one never verified: an agent
+//! killed between its swap and its check (an OOM kill, a second rollout,
+//! a power loss) leaves the last good programs to roll back to.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -49,6 +56,8 @@ const ALL: [(&str, bool); 9] = [
 
 const CURRENT: &str = "programs";
 const PREVIOUS: &str = "programs-previous";
+/// The marker of a generation that has reached the peers.
+const VERIFIED: &str = "verified";
 
 fn current(pins: &PinDir) -> PathBuf {
     pins.root().join(CURRENT)
@@ -70,6 +79,8 @@ pub(crate) fn install(pins: &PinDir, programs: &BTreeMap<String, OwnedFd>) -> Re
     // become the previous one all the same.
     if !current(pins).exists() && pins.has_links() {
         running(pins)?;
+        // They were forwarding: the best known to roll back to.
+        mark_verified(pins)?;
     }
     let staging = pins.root().join("programs-new");
     remove_dir(&staging)?;
@@ -87,10 +98,45 @@ pub(crate) fn install(pins: &PinDir, programs: &BTreeMap<String, OwnedFd>) -> Re
     }
     let (cur, prev) = (current(pins), previous(pins));
     if cur.exists() {
-        remove_dir(&prev)?;
-        rename(&cur, &prev)?;
+        if !is_verified(&cur) && is_verified(&prev) {
+            // Never verified (its agent died before its check): the last
+            // verified generation stays the one to roll back to.
+            tracing::warn!(
+                "the programs installed last never reached the peers: keeping the verified ones before them to roll back to"
+            );
+            remove_dir(&cur)?;
+        } else {
+            remove_dir(&prev)?;
+            rename(&cur, &prev)?;
+        }
     }
     rename(&staging, &cur)
+}
+
+fn is_verified(generation: &Path) -> bool {
+    generation.join(VERIFIED).is_dir()
+}
+
+/// Marks the current generation verified: it reached the peers.
+pub(crate) fn mark_verified(pins: &PinDir) -> Result<()> {
+    let dir = current(pins).join(VERIFIED);
+    match std::fs::create_dir(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating {}", dir.display())),
+    }
+}
+
+/// Whether the current generation is verified.
+pub(crate) fn current_verified(pins: &PinDir) -> bool {
+    is_verified(&current(pins))
+}
+
+/// Whether a verified previous generation of this map layout is pinned
+/// (one a rollback can put back).
+pub(crate) fn previous_verified(pins: &PinDir) -> bool {
+    let prev = previous(pins);
+    is_verified(&prev) && layout_of(&prev) == Some(LAYOUT_VERSION)
 }
 
 /// The current generation, opened from its pins.

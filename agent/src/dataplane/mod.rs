@@ -48,7 +48,7 @@ pub(crate) use endpoints::pod_ifs;
 pub use endpoints::{EndpointSpec, EndpointSync};
 pub use loader::{Attachment, Hook, LoadOptions, Loaded, ProgramKernel, detach, ifindex};
 pub use maps::{Counters, EndpointMap, PeerMaps};
-pub(crate) use overlay::{Healed, Overlay, ProgramsState, device_name, device6_name};
+pub(crate) use overlay::{Healed, Overlay, ProgramsState, Verified, device_name, device6_name};
 pub use types::{DataplaneSpec, HostRouting, Peer, PeerUpdate, XdpMode};
 pub(crate) use types::{DecapChoice, DecapHook, Family};
 
@@ -94,6 +94,15 @@ enum Kind {
         spec: wireguard::WgSpec,
         wg: Option<Box<wireguard::WgOverlay>>,
     },
+}
+
+/// Whether at least half of the sampled peers `targets` (overlay address,
+/// VTEP) that are up answer through the tunnel within the grace a swap
+/// gets (blocking; see [`Dataplane::unverified_targets`]).
+pub(crate) fn check_reach(
+    targets: &[(std::net::IpAddr, std::net::IpAddr)],
+) -> Result<usize, String> {
+    overlay::check_reach(targets)
 }
 
 impl Dataplane {
@@ -277,6 +286,33 @@ impl Dataplane {
             } => o.attachments(),
             Kind::Wireguard { wg: Some(w), .. } => w.attachments(),
             _ => &[],
+        }
+    }
+
+    /// The peers to reach before the programs in the links count as
+    /// verified (None: they are, or there are no programs).
+    pub(crate) fn unverified_targets(&self) -> Option<Vec<(std::net::IpAddr, std::net::IpAddr)>> {
+        match &self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => o.unverified_targets(),
+            _ => None,
+        }
+    }
+
+    /// Whether the programs in the links have reached the peers (always
+    /// where there are no program generations).
+    pub(crate) fn verified(&self) -> bool {
+        self.programs().is_none_or(|p| p.verified)
+    }
+
+    /// What a check over [`Self::unverified_targets`] found.
+    pub(crate) fn verify(&mut self, checked: Result<usize, String>) -> Result<overlay::Verified> {
+        match &mut self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => o.verify(checked),
+            _ => Ok(overlay::Verified::Reached(0)),
         }
     }
 

@@ -45,7 +45,7 @@ use self::{
 use super::{
     conntrack,
     endpoints::{EndpointSpec, EndpointSync, Endpoints, Scope},
-    host,
+    generations, host,
     loader::{self, Attachment},
     maps::{Counters, EndpointMap, PathMtuMap, PeerMaps},
     netfilter::{self, NetfilterSpec},
@@ -88,8 +88,30 @@ pub(crate) struct ProgramsState {
     pub rolled_back: bool,
     /// Why the agent rolled back itself.
     pub rollback_reason: Option<String>,
+    /// The programs in the links have reached the peers.
+    pub verified: bool,
     /// The programs attaches use, by name: their kernel ids.
     pub ids: std::collections::BTreeMap<String, u32>,
+}
+
+/// Whether the programs reach the sampled peers `targets` (see
+/// [`swap_check::reach`]).
+pub(crate) fn check_reach(
+    targets: &[(std::net::IpAddr, std::net::IpAddr)],
+) -> Result<usize, String> {
+    swap_check::reach(targets)
+}
+
+/// What a check of the programs in the links found (see
+/// [`Overlay::verify`]).
+#[derive(Debug)]
+pub(crate) enum Verified {
+    /// They reached this many of the sampled peers.
+    Reached(usize),
+    /// They did not (why); the verified previous generation is back.
+    RolledBack(String),
+    /// They did not (why), and there is nothing verified to roll back to.
+    Lost(String),
 }
 
 /// What one pass of [`Overlay::heal`] did.
@@ -206,17 +228,27 @@ impl Overlay {
         if !answered.is_empty() {
             let before = answered.clone();
             match loader::off_runtime(move || swap_check::after(&before, swap_check::GRACE)) {
-                Ok(n) => tracing::info!(
-                    answered = n,
-                    before = answered.len(),
-                    "the new programs reach the peers that answered before the swap"
-                ),
+                Ok(n) => {
+                    tracing::info!(
+                        answered = n,
+                        before = answered.len(),
+                        "the new programs reach the peers that answered before the swap"
+                    );
+                    o.programs.verified()?;
+                }
                 Err(why) => {
                     tracing::error!(%why, "the new programs lose peers: rolling back to the programs that ran before");
                     o.programs.roll_back(why)?;
+                    // They answered before the swap.
+                    o.programs.verified()?;
                 }
             }
+        } else if o.programs.gate.kept_running {
+            o.programs.verified = generations::current_verified(&o.spec.pins);
         }
+        // Otherwise nothing answered before (broken programs in the links,
+        // or none: a reboot): the agent checks once its peer table is
+        // complete (see `verify`).
         o.programs.log(o.spec.host_routing);
         if o.spec.host_routing == HostRouting::Auto && o.programs.has_conntrack() {
             o._marker = Some(conntrack::spawn_marker(&o.spec.pins, o.liberal.clone())?);
@@ -328,6 +360,37 @@ impl Overlay {
         self.liberal.clone()
     }
 
+    /// The peers to reach before the programs in the links count as
+    /// verified: None when they are (or the check is not for now); empty
+    /// when there are no peers.
+    pub(crate) fn unverified_targets(&self) -> Option<Vec<(std::net::IpAddr, std::net::IpAddr)>> {
+        (!self.programs.verified).then(|| swap_check::sample(self.table.peers().values()))
+    }
+
+    /// What the check of the programs in the links found (see
+    /// [`Self::unverified_targets`]): reached, they are marked verified;
+    /// not, the previous generation is put back where it is verified (and
+    /// checked in turn), else they stay unverified and the node not ready.
+    /// With no peer up to ask, the node may be ready, but the generation is
+    /// not marked: the next start checks it again.
+    pub(crate) fn verify(&mut self, checked: Result<usize, String>) -> Result<Verified> {
+        match checked {
+            Ok(0) => {
+                self.programs.verified = true;
+                Ok(Verified::Reached(0))
+            }
+            Ok(n) => {
+                self.programs.verified()?;
+                Ok(Verified::Reached(n))
+            }
+            Err(why) if self.programs.can_roll_back() => {
+                self.programs.roll_back(why.clone())?;
+                Ok(Verified::RolledBack(why))
+            }
+            Err(why) => Ok(Verified::Lost(why)),
+        }
+    }
+
     /// What the self-test said of this build's programs, whether the
     /// earlier ones were kept or rolled back to, and the ids in use.
     pub(crate) fn generation(&self) -> ProgramsState {
@@ -337,6 +400,7 @@ impl Overlay {
             upgrade_refused: self.programs.gate.kept_running,
             rolled_back: self.programs.rolled_back,
             rollback_reason: self.programs.rollback_reason.clone(),
+            verified: self.programs.verified,
             ids: self.programs.loaded.active_ids().into_iter().collect(),
         }
     }

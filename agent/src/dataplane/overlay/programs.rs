@@ -35,6 +35,9 @@ pub(crate) struct Programs {
     /// Why the agent rolled the programs back itself (the check after the
     /// swap failed).
     pub(crate) rollback_reason: Option<String>,
+    /// The programs in the links have reached the peers (or there were
+    /// none to reach): see [`generations::mark_verified`].
+    pub(crate) verified: bool,
 }
 
 /// The self-test of this build's programs, run before any of them is
@@ -162,6 +165,7 @@ impl Programs {
                 gate,
                 rolled_back: false,
                 rollback_reason: None,
+                verified: false,
             },
             replaced,
         ))
@@ -177,6 +181,19 @@ impl Programs {
         self.rolled_back = true;
         self.rollback_reason = Some(why);
         Ok(())
+    }
+
+    /// The programs in the links reached the peers: so marked in their
+    /// generation.
+    pub(super) fn verified(&mut self) -> Result<()> {
+        generations::mark_verified(self.loaded.pins())?;
+        self.verified = true;
+        Ok(())
+    }
+
+    /// Whether a verified previous generation can be rolled back to.
+    pub(super) fn can_roll_back(&self) -> bool {
+        generations::previous_verified(self.loaded.pins())
     }
 
     /// Whether the kernel has conntrack's kfuncs for the programs.

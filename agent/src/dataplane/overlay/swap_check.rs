@@ -2,7 +2,11 @@
 //! tunnel before the new programs went in must answer after. The self-test
 //! proves the programs on golden frames; this proves them on the node's
 //! real devices and peers, where a fault the frames do not cover shows.
-//! A swap that loses most of them is rolled back by the caller.
+//! A swap that loses most of them is rolled back by the caller. Where
+//! nothing answered before (the programs in the links were broken, or
+//! there were none: a reboot), the agent runs [`after`] over a sample of
+//! the peers once its peer table is complete, and the node is not ready
+//! until it passes.
 
 use std::{net::IpAddr, time::Duration, time::Instant};
 
@@ -10,32 +14,55 @@ use crate::health;
 
 use super::super::types::Peer;
 
-/// Peers sampled for the check (by subnet, the first ones).
+/// Peers sampled for the check (at random: whoever writes leases cannot
+/// choose which).
 const SAMPLE: usize = 8;
 /// How long one probe waits.
 const TIMEOUT: Duration = Duration::from_secs(1);
 /// How long the new programs get to reach the peers that answered before.
-pub(super) const GRACE: Duration = Duration::from_secs(10);
+pub(crate) const GRACE: Duration = Duration::from_secs(10);
 
-/// The peers' overlay addresses that answer now (through the programs in
-/// the links before the swap).
+/// Up to [`SAMPLE`] peers drawn at random: (overlay address, VTEP).
+pub(super) fn sample<'a>(peers: impl Iterator<Item = &'a Peer>) -> Vec<(IpAddr, IpAddr)> {
+    let all: Vec<(IpAddr, IpAddr)> = peers.map(|p| (p.subnet.network(), p.vtep)).collect();
+    let mut rng = rand::rng();
+    rand::seq::IndexedRandom::choose_multiple(all.as_slice(), &mut rng, SAMPLE)
+        .copied()
+        .collect()
+}
+
+/// The sampled peers' overlay addresses that answer now (through the
+/// programs in the links before the swap).
 pub(super) fn before<'a>(peers: impl Iterator<Item = &'a Peer>) -> Vec<IpAddr> {
-    let mut all: Vec<&Peer> = peers.collect();
-    all.sort_by_key(|p| p.subnet);
-    let targets: Vec<IpAddr> = all
-        .iter()
-        .take(SAMPLE)
-        .map(|p| p.subnet.network())
-        .collect();
+    let targets: Vec<IpAddr> = sample(peers).into_iter().map(|(o, _)| o).collect();
     if targets.is_empty() {
         return targets;
     }
     health::answering(&targets, TIMEOUT)
 }
 
-/// Whether at least half of `before` answer within `grace` after the
-/// swap; else what was lost.
-pub(super) fn after(before: &[IpAddr], grace: Duration) -> Result<usize, String> {
+/// The check where nothing answered before: of the sampled peers, those
+/// whose VTEP answers on the underlay (which the programs do not carry: a
+/// node that is down proves nothing either way) must answer through the
+/// tunnel, at least half of them within [`GRACE`]. `Ok(0)`: none of them
+/// is up to ask.
+pub(crate) fn reach(targets: &[(IpAddr, IpAddr)]) -> Result<usize, String> {
+    if targets.is_empty() {
+        return Ok(0);
+    }
+    let vteps: Vec<IpAddr> = targets.iter().map(|(_, v)| *v).collect();
+    let up = health::answering(&vteps, TIMEOUT);
+    let overlay: Vec<IpAddr> = targets
+        .iter()
+        .filter(|(_, v)| up.contains(v))
+        .map(|(o, _)| *o)
+        .collect();
+    after(&overlay, GRACE)
+}
+
+/// Whether at least half of `before` (peers that answered before a swap,
+/// or a sample of them) answer within `grace`; else what was lost.
+pub(crate) fn after(before: &[IpAddr], grace: Duration) -> Result<usize, String> {
     let deadline = Instant::now() + grace;
     let mut seen: Vec<IpAddr> = Vec::new();
     loop {
@@ -55,7 +82,7 @@ pub(super) fn after(before: &[IpAddr], grace: Duration) -> Result<usize, String>
                 .map(|t| t.to_string())
                 .collect();
             return Err(format!(
-                "{} of the {} peers that answered before the swap did not answer within {grace:?} after it ({})",
+                "{} of the {} sampled peers did not answer within {grace:?} ({})",
                 lost.len(),
                 before.len(),
                 lost.join(", ")
