@@ -462,6 +462,47 @@ fn restart_loses_nothing_and_del_leaves_nothing(c: &mut DualCluster) {
     .unwrap();
     // The other netkit pod is untouched.
     assert!(weft_tests::cluster::ping(&n.node.pods[2].ns, to, 3));
+
+    // An ADD that died after its proxies but before its record (killed
+    // by the runtime's timeout): the runtime's DEL, with no result to
+    // pass, still removes the pair, its proxies and its addresses.
+    let pod = &n.node.pods[2];
+    let (cid, addrs) = (
+        pod.container_id.clone(),
+        [IpAddr::from(pod.ip), IpAddr::from(pod.ip6.unwrap())],
+    );
+    let record = n
+        .agent
+        .state_dir()
+        .join("endpoints")
+        .join(format!("{cid}-eth0.json"));
+    std::fs::remove_file(&record).unwrap();
+    let proxied = |n: &DualNode| {
+        let proxies = n
+            .node
+            .ns
+            .ip(&["neigh", "show", "proxy"])
+            .unwrap_or_default();
+        addrs
+            .iter()
+            .filter(|a| proxies.contains(&format!("{a} ")))
+            .count()
+    };
+    assert_eq!(proxied(n), 2, "the ADD left its proxies");
+    conf.del(&n.node.ns, &cid, None, "eth0", None).unwrap();
+    assert_eq!(proxied(n), 0, "DEL removed the proxies nobody recorded");
+    assert!(
+        n.node.ns.ifindex(&pod.host_if).is_none(),
+        "{} stays",
+        pod.host_if
+    );
+    let ipam = walk(&n.node.ipam_dir);
+    for a in addrs {
+        assert!(
+            !ipam.iter().any(|f| f.ends_with(&a.to_string())),
+            "host-local still holds {a}: {ipam:?}"
+        );
+    }
 }
 
 fn walk(dir: &Path) -> Vec<String> {

@@ -37,7 +37,7 @@ use rtnetlink::{
     packet_route::{
         address::{AddressAttribute, AddressFlags},
         link::{InfoData, InfoNetkit, LinkAttribute, LinkInfo, NetkitMode, NetkitPolicy},
-        route::RouteScope,
+        route::{RouteAddress, RouteAttribute, RouteScope},
     },
 };
 use serde_json::{Value, json};
@@ -145,8 +145,10 @@ pub(crate) fn add(
     Ok(cni_result(&result, &name, &env.ifname, &env.netns))
 }
 
-/// DEL: the bridge's proxies for the pod's addresses `ips`, the pair and
-/// its link's pin go, then the addresses.
+/// DEL: the bridge's proxies for the pod's addresses `ips` and for those
+/// the host routes through its pair (an ADD that died before its record
+/// left proxies nobody else names), the pair and its link's pin go, then
+/// the addresses.
 pub(crate) fn del(
     ipam: &Value,
     state_dir: &Path,
@@ -156,7 +158,13 @@ pub(crate) fn del(
     owner: &str,
 ) -> Result<(), CniError> {
     let name = primary_name(owner);
-    runtime(async |h| proxy::set(h, bridge, ips, false).await)?;
+    let mut ips = ips.to_vec();
+    for ip in runtime(async |h| routed_through(h, &name).await)? {
+        if !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    }
+    runtime(async |h| proxy::set(h, bridge, &ips, false).await)?;
     runtime(async |h| delete(h, &name).await)?;
     if let Some(pins) = PinDir::announced(state_dir) {
         remove_link_pins(&pins, &name);
@@ -339,6 +347,58 @@ async fn create(
 }
 
 /// Deletes the pair whose primary is `name`, if it exists.
+/// The addresses the host routes to through the netkit device `name`
+/// (the host routes [`configure_host`] added): none where it is gone.
+async fn routed_through(h: &Handle, name: &str) -> Result<Vec<IpAddr>, CniError> {
+    let found = h
+        .link()
+        .get()
+        .match_name(name.to_string())
+        .execute()
+        .try_next()
+        .await;
+    let index = match found {
+        Ok(Some(l)) => l.header.index,
+        Ok(None) => return Ok(Vec::new()),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => {
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(plugin_err(format!("looking up {name}"), e)),
+    };
+    let mut out = Vec::new();
+    for (msg, full) in [
+        (RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(), 32),
+        (
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+            128,
+        ),
+    ] {
+        let mut routes = h.route().get(msg).execute();
+        while let Some(m) = routes
+            .try_next()
+            .await
+            .map_err(nl_err(format!("listing the routes through {name}")))?
+        {
+            let through = m
+                .attributes
+                .iter()
+                .any(|a| matches!(a, RouteAttribute::Oif(i) if *i == index));
+            let dst = m.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
+                RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
+                _ => None,
+            });
+            if let Some(dst) = dst
+                && through
+                && m.header.destination_prefix_length == full
+            {
+                out.push(dst);
+            }
+        }
+    }
+    Ok(out)
+}
+
 async fn delete(h: &Handle, name: &str) -> Result<(), CniError> {
     let found = h
         .link()
