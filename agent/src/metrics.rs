@@ -13,7 +13,8 @@ use std::{
 use crate::dataplane::{Counters, LiberalStats};
 
 /// What `weft_repairs_total` counts, all shown from the start.
-const REPAIRS: [&str; 7] = [
+const REPAIRS: [&str; 8] = [
+    "bpffs",
     "device",
     "address",
     "programs",

@@ -10,6 +10,7 @@
 
 mod backend_switch;
 mod bpffs;
+mod bpffs_hold;
 mod btf;
 mod config;
 mod conntrack;

@@ -43,6 +43,7 @@ use self::{
     programs::Programs,
 };
 use super::{
+    bpffs_hold::BpffsHold,
     conntrack,
     endpoints::{EndpointSpec, EndpointSync, Endpoints, Scope},
     generations, host,
@@ -72,6 +73,8 @@ pub(crate) struct Overlay {
     /// (`--host-routing auto`); stopped with the overlay.
     _marker: Option<conntrack::Marker>,
     liberal: Arc<conntrack::LiberalStats>,
+    /// The pin directory, held open (see [`BpffsHold`]).
+    bpffs: Option<BpffsHold>,
 }
 
 /// The programs in use and how they came to be (see [`Overlay::generation`]).
@@ -117,7 +120,7 @@ pub(crate) enum Verified {
 /// What one pass of [`Overlay::heal`] did.
 #[derive(Debug, Default)]
 pub(crate) struct Healed {
-    /// What was found missing and put back (`device`, `address`,
+    /// What was found missing and put back (`bpffs`, `device`, `address`,
     /// `programs`, `routes`, `sysctls`, `nftables`, `forward_rules`).
     pub repairs: Vec<&'static str>,
     /// The overlay MTU changed (it follows the uplink's).
@@ -210,7 +213,10 @@ impl Overlay {
             endpoints: Endpoints::default(),
             _marker: None,
             liberal: Arc::default(),
+            bpffs: None,
         };
+        // Held from now on: an unmount under the agent loses no pin.
+        o.bpffs = Some(BpffsHold::new(&o.spec.pins)?);
         netfilter::apply(&o.netfilter())?;
         o.write_config()?;
         // New programs going into running links: which peers answer
@@ -495,6 +501,12 @@ impl Overlay {
     /// runs every few seconds and whenever rtnetlink reports a change.
     pub(crate) async fn heal(&mut self) -> Result<Healed> {
         let mut h = Healed::default();
+        // The pins first: the programs' and endpoints' checks use them.
+        if let Some(b) = &mut self.bpffs
+            && matches!(b.heal(), Ok(true))
+        {
+            h.repairs.push("bpffs");
+        }
         let pods_mtu = self.mtu();
         let dh = self
             .devices
