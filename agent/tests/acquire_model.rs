@@ -649,8 +649,9 @@ fn run(
     }
     if junk_keys {
         // A supernet key must not make every subnet look taken; a /31
-        // inside the network takes its /30; an IPv6 key of another length
-        // takes what it overlaps.
+        // inside the network takes its /30 whatever it holds, and so does
+        // an IPv6 key narrower than the pool's subnets (a wider key takes
+        // what it overlaps only when it holds a lease: see leases.rs).
         junk(&world, "0.0.0.0-0", br#"{"PublicIP":"198.18.0.9"}"#);
         junk(&world, "10.9.0.4-31", b"not json");
         junk(&world, "0.0.0.0-0&fd00:9::8-127", b"not json");

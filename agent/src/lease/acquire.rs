@@ -29,6 +29,7 @@ use std::{
     time::Duration,
 };
 
+use ipnet::{Ipv4Net, Ipv6Net};
 use rand::{Rng, seq::IndexedRandom as _};
 use thiserror::Error;
 
@@ -301,10 +302,11 @@ fn plan(
     }
 
     // Nothing of ours: every existing key inside the network takes the
-    // subnets it overlaps, whatever its value (reservations, malformed
-    // values and other prefix lengths too), in each family; a key no
-    // config of the network could have handed out (the network itself, a
-    // supernet such as 0.0.0.0-0) is not a claim on every subnet.
+    // subnets it overlaps, in each family: reservations, malformed values
+    // and narrower keys whatever they hold, wider keys (another SubnetLen)
+    // where they hold a lease (see `Taken::new`); a key no config of the
+    // network could have handed out (the network itself, a supernet such
+    // as 0.0.0.0-0) is not a claim on every subnet.
     let cfg = req.config;
     let taken = Taken::new(cfg, entries);
     if let Some(p) = req.preferred
@@ -338,21 +340,6 @@ fn plan(
     }
 }
 
-/// Whether each half of `s` has its pool's subnet length.
-fn of_pool_length(cfg: &NetworkConfig, s: &Subnets) -> bool {
-    let v4 = match (&cfg.ipv4, s.v4) {
-        (Some(p), Some(n)) => n.prefix_len() == p.subnet_len,
-        (_, None) => true,
-        (None, Some(_)) => false,
-    };
-    let v6 = match (&cfg.ipv6, s.v6) {
-        (Some(p), Some(n)) => n.prefix_len() == p.subnet_len,
-        (_, None) => true,
-        (None, Some(_)) => false,
-    };
-    v4 && v6
-}
-
 /// The subnets the keys under the prefix take, in each family's pool
 /// (see [`Pool::taken_by`]).
 struct Taken {
@@ -362,24 +349,41 @@ struct Taken {
 
 impl Taken {
     fn new(cfg: &NetworkConfig, entries: &[Entry]) -> Self {
-        // A key of another length takes every subnet it overlaps (a node
-        // of an older SubnetLen), but only where its value is a lease: a
-        // few keys of a quarter of the network with a junk value would
-        // otherwise take the whole pool. A key of the pool's own length
-        // takes only itself, whatever it holds (it is never written
-        // over).
-        let keys: Vec<Subnets> = entries
+        // A key takes what it overlaps whatever it holds when it is no
+        // wider than the pool's subnets (its own subnet, or the one it lies
+        // in: it is never written over). A wider key (a node of an older,
+        // shorter SubnetLen) takes every subnet it overlaps only where its
+        // value is a lease: four keys of a quarter of the network each
+        // with a junk value, anyone's to write, would otherwise take the
+        // whole pool.
+        let half = |len: u8, leased: bool, own: u8| leased || len >= own;
+        let v4: Vec<Ipv4Net> = entries
             .iter()
-            .filter(|e| e.attrs.is_some() || e.subnet.is_some_and(|s| of_pool_length(cfg, &s)))
-            .filter_map(|e| e.subnet)
+            .filter_map(|e| Some((e.subnet?.v4?, e.attrs.is_some())))
+            .filter(|(n, leased)| {
+                cfg.ipv4
+                    .as_ref()
+                    .is_some_and(|p| half(n.prefix_len(), *leased, p.subnet_len))
+            })
+            .map(|(n, _)| n)
+            .collect();
+        let v6: Vec<Ipv6Net> = entries
+            .iter()
+            .filter_map(|e| Some((e.subnet?.v6?, e.attrs.is_some())))
+            .filter(|(n, leased)| {
+                cfg.ipv6
+                    .as_ref()
+                    .is_some_and(|p| half(n.prefix_len(), *leased, p.subnet_len))
+            })
+            .map(|(n, _)| n)
             .collect();
         Taken {
             v4: cfg.ipv4.clone().map(|p| {
-                let t = p.taken(keys.iter().filter_map(|s| s.v4.as_ref()));
+                let t = p.taken(v4.iter());
                 (p, t)
             }),
             v6: cfg.ipv6.clone().map(|p| {
-                let t = p.taken(keys.iter().filter_map(|s| s.v6.as_ref()));
+                let t = p.taken(v6.iter());
                 (p, t)
             }),
         }
