@@ -69,8 +69,9 @@ struct Agent {
     /// Writing subnet.env for our subnets failed: the tick tries again,
     /// and the node is not ready until it is written.
     subnet_file_pending: bool,
-    /// A check that the programs in the links reach the peers, running.
-    verifying: Option<tokio::task::JoinHandle<Result<usize, String>>>,
+    /// A check that the programs in the links reach the peers, running
+    /// on a thread of its own (an exit does not wait for it).
+    verifying: Option<std::thread::JoinHandle<Result<usize, String>>>,
     /// When the next such check may start (after one that failed).
     verify_at: Option<tokio::time::Instant>,
     /// The subnets we held before a loss moved us, while local pods still
@@ -346,7 +347,7 @@ impl Agent {
                     if self.subnet_file_pending {
                         self.publish_subnet_env();
                     }
-                    self.verify_programs().await;
+                    self.verify_programs();
                     self.apply_path_mtus().await;
                     ticks += 1;
                     if ticks.is_multiple_of(HEAL_EVERY_TICKS) {
@@ -493,14 +494,14 @@ impl Agent {
     /// the node is not ready until they do. A failed check puts back the
     /// previous generation where it is verified; otherwise it is tried
     /// again 2 s after.
-    async fn verify_programs(&mut self) {
+    fn verify_programs(&mut self) {
         if self.verifying.as_ref().is_some_and(|h| !h.is_finished()) {
             return;
         }
         if let Some(h) = self.verifying.take() {
             let checked = h
-                .await
-                .unwrap_or_else(|e| Err(format!("the check did not finish: {e}")));
+                .join()
+                .unwrap_or_else(|_| Err("the check did not finish".into()));
             match self.dataplane.verify(checked) {
                 Ok(Verified::Reached(0)) => tracing::warn!(
                     "no sampled peer answers on the underlay: nothing to check the programs in the links against (checked again at the next start)"
@@ -546,9 +547,16 @@ impl Agent {
             peers = targets.len(),
             "checking that the programs in the links reach the peers"
         );
-        self.verifying = Some(tokio::task::spawn_blocking(move || {
-            crate::dataplane::check_reach(&targets)
-        }));
+        match std::thread::Builder::new()
+            .name("weft-verify".into())
+            .spawn(move || crate::dataplane::check_reach(&targets))
+        {
+            Ok(h) => self.verifying = Some(h),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the check of the programs");
+                self.verify_at = Some(tokio::time::Instant::now() + VERIFY_RETRY);
+            }
+        }
     }
 
     /// Writes subnet.env for the subnets held. When that fails (a full
