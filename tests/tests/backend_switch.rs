@@ -97,7 +97,9 @@ fn vxlan_left(n: &WeftNode) -> Vec<String> {
         left.push("XDP on the uplink".into());
     }
     for pin in pins(n) {
-        if pin.contains("eth0") || pin.contains("weft") {
+        // `<hook>-<device>-<index>`; a pod's veth may well be veth0....
+        let dev = pin.split('-').nth(1).unwrap_or("");
+        if dev == "eth0" || dev.starts_with("weft") {
             left.push(format!("link pin {pin}"));
         }
     }
