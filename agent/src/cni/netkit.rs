@@ -36,7 +36,9 @@ use rtnetlink::{
     Handle, LinkMessageBuilder, LinkNetkit, LinkUnspec, RouteMessageBuilder,
     packet_route::{
         address::{AddressAttribute, AddressFlags},
-        link::{InfoData, InfoNetkit, LinkAttribute, LinkInfo, NetkitMode, NetkitPolicy},
+        link::{
+            InfoData, InfoNetkit, LinkAttribute, LinkInfo, LinkMessage, NetkitMode, NetkitPolicy,
+        },
         route::{RouteAddress, RouteAttribute, RouteScope},
     },
 };
@@ -346,24 +348,27 @@ async fn create(
     Ok(link.header.index)
 }
 
-/// Deletes the pair whose primary is `name`, if it exists.
-/// The addresses the host routes to through the netkit device `name`
-/// (the host routes [`configure_host`] added): none where it is gone.
-async fn routed_through(h: &Handle, name: &str) -> Result<Vec<IpAddr>, CniError> {
-    let found = h
+/// The link named `name`, if it exists.
+async fn find(h: &Handle, name: &str) -> Result<Option<LinkMessage>, CniError> {
+    match h
         .link()
         .get()
         .match_name(name.to_string())
         .execute()
         .try_next()
-        .await;
-    let index = match found {
-        Ok(Some(l)) => l.header.index,
-        Ok(None) => return Ok(Vec::new()),
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => {
-            return Ok(Vec::new());
-        }
-        Err(e) => return Err(plugin_err(format!("looking up {name}"), e)),
+        .await
+    {
+        Ok(l) => Ok(l),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+        Err(e) => Err(plugin_err(format!("looking up {name}"), e)),
+    }
+}
+
+/// The addresses the host routes to through the netkit device `name`
+/// (the host routes [`configure_host`] added): none where it is gone.
+async fn routed_through(h: &Handle, name: &str) -> Result<Vec<IpAddr>, CniError> {
+    let Some(index) = find(h, name).await?.map(|l| l.header.index) else {
+        return Ok(Vec::new());
     };
     let mut out = Vec::new();
     for (msg, full) in [
@@ -399,19 +404,10 @@ async fn routed_through(h: &Handle, name: &str) -> Result<Vec<IpAddr>, CniError>
     Ok(out)
 }
 
+/// Deletes the pair whose primary is `name`, if it exists.
 async fn delete(h: &Handle, name: &str) -> Result<(), CniError> {
-    let found = h
-        .link()
-        .get()
-        .match_name(name.to_string())
-        .execute()
-        .try_next()
-        .await;
-    let link = match found {
-        Ok(Some(l)) => l,
-        Ok(None) => return Ok(()),
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => return Ok(()),
-        Err(e) => return Err(plugin_err(format!("looking up {name}"), e)),
+    let Some(link) = find(h, name).await? else {
+        return Ok(());
     };
     let is_netkit = link.attributes.iter().any(|a| {
         matches!(a, LinkAttribute::LinkInfo(i) if i.iter().any(|i| matches!(i, LinkInfo::Data(InfoData::Netkit(_)))))
