@@ -242,6 +242,66 @@ impl ConfList {
         serde_json::from_str(&stdout).with_context(|| format!("{ty} printed {stdout:?}"))
     }
 
+    /// A verb about the whole network (STATUS, GC) to the plugin of type
+    /// `ty`, as libcni 1.2 calls it: the plugin's config with the list's
+    /// name and version, for GC with `cni.dev/valid-attachments` (each
+    /// `(container id, ifname)`, `None`: the key left out), and only
+    /// `CNI_COMMAND` and `CNI_PATH` set.
+    pub fn network_verb(
+        &self,
+        runtime_ns: &Netns,
+        command: &str,
+        ty: &str,
+        valid: Option<&[(&str, &str)]>,
+    ) -> Result<()> {
+        let plugin = self
+            .plugins
+            .iter()
+            .find(|p| p["type"] == ty)
+            .with_context(|| format!("no plugin {ty:?} in the list"))?;
+        let mut config = self.plugin_config(plugin, None);
+        if let Some(v) = valid {
+            config["cni.dev/valid-attachments"] = v
+                .iter()
+                .map(|(id, ifname)| json!({"containerID": id, "ifname": ifname}))
+                .collect();
+        }
+        let bin = self
+            .path
+            .iter()
+            .map(|d| d.join(ty))
+            .find(|p| p.exists())
+            .with_context(|| format!("no CNI plugin {ty:?} in {}", self.cni_path()))?;
+        let mut child = runtime_ns
+            .command(bin.to_str().context("plugin path")?)
+            .env_remove("CNI_CONTAINERID")
+            .env_remove("CNI_NETNS")
+            .env_remove("CNI_IFNAME")
+            .env("CNI_COMMAND", command)
+            .env("CNI_PATH", self.cni_path())
+            .env("WEFT_CNI_ROOTS", std::env::temp_dir())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting CNI plugin {ty}"))?;
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(&serde_json::to_vec(&config)?)?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "CNI {command} of {ty} failed ({}): {} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
     /// ADD through every plugin in order.
     pub fn add(
         &self,

@@ -223,7 +223,10 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     // The CNI plugin says when endpoints change; bound before the first
     // acquisition so no notification of a pod started meanwhile is lost
     // (it is read from the records anyway).
-    let listener = cni::Listener::bind(&args.state.state_dir)?;
+    let listener = {
+        let m = agent.metrics.clone();
+        cni::Listener::bind(&args.state.state_dir, move || m.ready())?
+    };
 
     let preferred = match lease::read_subnet(&args.subnet_file) {
         Ok(p) => p,

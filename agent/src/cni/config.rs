@@ -143,6 +143,14 @@ pub(crate) fn check_plugin_name(name: &str) -> Result<(), CniError> {
     Ok(())
 }
 
+/// The version the delegates are spoken to in: CNI 1.1 added verbs (STATUS,
+/// GC), not fields, so a 1.1.0 network goes to the delegates as 1.0.0,
+/// which the plugins of distributions still on CNI 1.0 (Debian's bridge and
+/// host-local) accept; their result is the same document either way.
+pub(crate) fn delegate_version(version: &str) -> &str {
+    if version == "1.1.0" { "1.0.0" } else { version }
+}
+
 impl NetConf {
     pub(crate) fn parse(stdin: &[u8]) -> Result<Self, CniError> {
         Self::parse_with(stdin, &Roots::from_env())
@@ -231,6 +239,11 @@ impl NetConf {
         })
     }
 
+    /// host-local's data directory, if the config names one.
+    pub(crate) fn data_dir(&self) -> Option<&str> {
+        self.data_dir.as_deref()
+    }
+
     /// The `bridge` + `host-local` config flannel's plugin would delegate
     /// to, from subnet.env.
     pub(crate) fn delegate_config(&self) -> Result<Value, CniError> {
@@ -271,7 +284,7 @@ impl NetConf {
             ipam["dataDir"] = json!(d);
         }
         let mut d = json!({
-            "cniVersion": self.cni_version,
+            "cniVersion": delegate_version(&self.cni_version),
             "name": self.name,
             "type": "bridge",
             "bridge": self.bridge,

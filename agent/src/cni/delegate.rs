@@ -41,8 +41,14 @@ pub(crate) fn exec(
     if let Some(p) = prev {
         conf["prevResult"] = p.clone();
     }
+    // The attachment's own variables, not this process's: GC runs the
+    // delegate for attachments other than the one it was called for.
     let mut child = Command::new(&bin)
         .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", &env.container_id)
+        .env("CNI_NETNS", &env.netns)
+        .env("CNI_IFNAME", &env.ifname)
+        .env("CNI_PATH", env.path.join(":"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -13,6 +13,8 @@ pub(crate) enum Code {
     InvalidConfig = 7,
     /// Transient: the runtime should try again later.
     TryAgainLater = 11,
+    /// STATUS: the plugin cannot serve ADD now (CNI 1.1).
+    NotAvailable = 50,
     /// Plugin-specific (the CNI spec reserves 100 and up).
     Plugin = 100,
 }

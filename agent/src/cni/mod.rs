@@ -1,6 +1,6 @@
 //! Weft's CNI plugin (`"type": "weft"`), run by a container runtime as the
-//! `weft` binary with `CNI_COMMAND` in its environment (CNI spec 1.0: ADD,
-//! DEL, CHECK, VERSION).
+//! `weft` binary with `CNI_COMMAND` in its environment (CNI spec 1.1: ADD,
+//! DEL, CHECK, STATUS, GC, VERSION).
 //!
 //! - Standalone (no `prevResult`): does what flannel's plugin does (reads
 //!   subnet.env, delegates to `bridge` with `host-local` over the node's
@@ -13,12 +13,17 @@
 //! plugin's own result cache) and tells the agent over
 //! `<stateDir>/cni.sock`; with the agent down, ADD still succeeds and the
 //! pod takes the host stack until the agent, back, reads the record.
+//!
+//! STATUS answers 0 while the node's agent is ready and error 50 (not
+//! available) while it is not or is not running; GC releases what the
+//! plugin holds for attachments the runtime no longer names (`gc.rs`).
 
 mod adopt;
 mod config;
 mod delegate;
 mod error;
 mod fastpath;
+mod gc;
 mod netkit;
 mod notify;
 mod proxy;
@@ -95,7 +100,9 @@ fn env() -> Result<Env, CniError> {
             .map(str::to_string)
             .collect(),
     };
-    if e.command != "VERSION" {
+    // STATUS and GC concern the network, not one attachment: libcni sets
+    // no container, netns or interface for them.
+    if !matches!(e.command.as_str(), "VERSION" | "STATUS" | "GC") {
         let ok_id = !e.container_id.is_empty()
             && e.container_id
                 .chars()
@@ -133,9 +140,11 @@ fn run(stdin: &[u8]) -> Result<Option<String>, CniError> {
         "ADD" => add(&conf, &env).map(Some),
         "DEL" => del(&conf, &env).map(|()| None),
         "CHECK" => check(&conf, &env).map(|()| None),
+        "STATUS" => status(&conf).map(|()| None),
+        "GC" => gc::gc(&conf, &env, stdin).map(|()| None),
         other => Err(CniError::new(
             Code::InvalidEnv,
-            format!("CNI_COMMAND {other:?} is not ADD, DEL, CHECK or VERSION"),
+            format!("CNI_COMMAND {other:?} is not ADD, DEL, CHECK, STATUS, GC or VERSION"),
         )),
     }
 }
@@ -192,6 +201,10 @@ fn add(conf: &NetConf, env: &Env) -> Result<String, CniError> {
             (result, Some(d))
         }
     };
+    // A delegate spoken to in an older version answers in it; the runtime
+    // gets the network's.
+    let mut result = result;
+    result["cniVersion"] = serde_json::json!(conf.cni_version);
     let rec = Record::from_result(
         &conf.name,
         &conf.bridge,
@@ -252,6 +265,11 @@ fn del(conf: &NetConf, env: &Env) -> Result<(), CniError> {
         notify::agent(&conf.state_dir);
     }
     Ok(())
+}
+
+/// STATUS: ready to serve ADD with the fast path when the node's agent is.
+fn status(conf: &NetConf) -> Result<(), CniError> {
+    notify::agent_status(&conf.state_dir).map_err(|why| CniError::new(Code::NotAvailable, why))
 }
 
 fn check(conf: &NetConf, env: &Env) -> Result<(), CniError> {

@@ -2,6 +2,9 @@
 //! `<stateDir>/cni.sock`, one line per connection. The agent answers once
 //! it has applied the change, so a pod's endpoint is programmed by the time
 //! ADD returns; an agent that is down or slow is not waited for.
+//!
+//! The same socket answers STATUS: a `status` line gets `ready` or
+//! `not-ready` at once.
 
 use std::{
     io::{Read as _, Write as _},
@@ -32,6 +35,40 @@ pub(crate) fn agent(state_dir: &Path) {
     }
 }
 
+/// The agent's readiness, for STATUS (plugin side): `Ok` when it is ready,
+/// why not otherwise.
+pub(crate) fn agent_status(state_dir: &Path) -> Result<(), String> {
+    let path = socket(state_dir);
+    let mut s = UnixStream::connect(&path).map_err(|e| {
+        format!(
+            "the Weft agent is not running on this node (nothing answers on {}: {e})",
+            path.display()
+        )
+    })?;
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    s.write_all(b"status\n")
+        .map_err(|e| format!("the Weft agent did not take the question: {e}"))?;
+    let mut answer = [0u8; 16];
+    let n = s
+        .read(&mut answer)
+        .map_err(|e| format!("the Weft agent did not answer within 2 s: {e}"))?;
+    match answer[..n].trim_ascii() {
+        b"ready" => Ok(()),
+        // An agent older than STATUS takes any line for a sync and says ok:
+        // it runs, which is all it can tell.
+        b"ok" => Ok(()),
+        b"not-ready" => Err(
+            "the Weft agent is not ready (its lease, peers or programs are not in place yet; `weft status` says which)"
+                .into(),
+        ),
+        other => Err(format!(
+            "the Weft agent answered {:?}",
+            String::from_utf8_lossy(other)
+        )),
+    }
+}
+
 /// The agent's side: one message per plugin call, with the channel to
 /// answer on once it is applied.
 pub(crate) struct Listener {
@@ -39,7 +76,11 @@ pub(crate) struct Listener {
 }
 
 impl Listener {
-    pub(crate) fn bind(state_dir: &Path) -> anyhow::Result<Self> {
+    /// Listens on `state_dir`'s socket; `ready` answers STATUS.
+    pub(crate) fn bind(
+        state_dir: &Path,
+        ready: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> anyhow::Result<Self> {
         use anyhow::Context as _;
         std::fs::create_dir_all(state_dir)
             .with_context(|| format!("creating {}", state_dir.display()))?;
@@ -48,6 +89,7 @@ impl Listener {
         let listener = tokio::net::UnixListener::bind(&path)
             .with_context(|| format!("listening on {}", path.display()))?;
         let (tx, rx) = mpsc::channel(64);
+        let ready = std::sync::Arc::new(ready);
         tokio::spawn(async move {
             use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
             let mut failures = 0u32;
@@ -69,9 +111,19 @@ impl Listener {
                     }
                 };
                 let tx = tx.clone();
+                let ready = ready.clone();
                 tokio::spawn(async move {
                     let mut line = [0u8; 64];
-                    let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut line)).await;
+                    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut line))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or(0);
+                    if line[..n].trim_ascii() == b"status" {
+                        let a: &[u8] = if ready() { b"ready\n" } else { b"not-ready\n" };
+                        let _ = s.write_all(a).await;
+                        return;
+                    }
                     let (done_tx, done_rx) = oneshot::channel();
                     if tx.send(done_tx).await.is_ok() {
                         let _ = tokio::time::timeout(Duration::from_secs(5), done_rx).await;
