@@ -89,6 +89,10 @@ pub(crate) enum Command {
         /// How long to wait for each peer's answer, in seconds.
         #[arg(long, default_value_t = 1.0)]
         probe_timeout: f64,
+        /// Print the findings as one JSON document (for scripts and
+        /// diagnostics bundles); the exit status is the same.
+        #[arg(long)]
+        json: bool,
     },
     /// Remove what install-cni put on this node.
     UninstallCni {

@@ -100,6 +100,7 @@ pub fn main() -> ExitCode {
                 node,
                 cni_conf_dir,
                 probe_timeout,
+                json,
             } => {
                 commands::doctor(commands::DoctorArgs {
                     node: &node,
@@ -107,6 +108,7 @@ pub fn main() -> ExitCode {
                     probe_timeout: std::time::Duration::from_secs_f64(
                         probe_timeout.clamp(0.05, 60.0),
                     ),
+                    json,
                 })
                 .await
             }

@@ -20,7 +20,27 @@ fn doctor(n: &WeftNode, cni_dir: &Path) -> (bool, String) {
     run_doctor(&n.node, n.pins.path(), &n.agent, cni_dir)
 }
 
+/// `weft doctor --json`: its exit status and the document it printed.
+fn doctor_json(n: &WeftNode, cni_dir: &Path) -> (bool, serde_json::Value) {
+    let (ok, text) = run_doctor_with(&n.node, n.pins.path(), &n.agent, cni_dir, &["--json"]);
+    let doc = text.find('{').and_then(|a| {
+        let b = text.rfind('}')?;
+        serde_json::from_str(&text[a..=b]).ok()
+    });
+    (ok, doc.unwrap_or_else(|| panic!("no JSON document:\n{text}")))
+}
+
 fn run_doctor(node: &Node, pins: &Path, agent: &Agent, cni_dir: &Path) -> (bool, String) {
+    run_doctor_with(node, pins, agent, cni_dir, &[])
+}
+
+fn run_doctor_with(
+    node: &Node,
+    pins: &Path,
+    agent: &Agent,
+    cni_dir: &Path,
+    extra: &[&str],
+) -> (bool, String) {
     let out = node
         .ns
         .command(weft_bin().to_str().unwrap())
@@ -33,6 +53,7 @@ fn run_doctor(node: &Node, pins: &Path, agent: &Agent, cni_dir: &Path) -> (bool,
         .args(["--etcd-endpoints", &format!("http://{ETCD_IP}:2379")])
         .arg("--cni-conf-dir")
         .arg(cni_dir)
+        .args(extra)
         .output()
         .expect("running weft doctor");
     let text = format!(
@@ -58,6 +79,17 @@ fn fails(n: &WeftNode, cni_dir: &Path, check: &str, saw: &str) {
         lines.get(at + 1).is_some_and(|l| l.contains("fix: ")),
         "the fix follows:\n{text}"
     );
+    // The same findings as one JSON document, with the same exit status.
+    let (ok, doc) = doctor_json(n, cni_dir);
+    assert!(!ok, "doctor --json exits non-zero with {check} broken: {doc:#}");
+    assert_eq!(doc["passed"], false, "{doc:#}");
+    let found = doc["checks"].as_array().unwrap().iter().any(|c| {
+        c["check"] == check
+            && c["level"] == "fail"
+            && c["saw"].as_str().is_some_and(|t| t.contains(saw))
+            && c["fix"].as_str().is_some_and(|f| !f.is_empty())
+    });
+    assert!(found, "a fail for {check} naming {saw:?} with its fix: {doc:#}");
 }
 
 /// Drops what `rule` matches in the underlay's switch (a firewall on the

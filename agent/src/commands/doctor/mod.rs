@@ -1,7 +1,9 @@
 //! `weft doctor`: checks this node and says what to fix.
 //!
 //! Each check prints `ok`, `warn` or `FAIL`, what it saw, and for anything
-//! short of ok the fix. The exit status is non-zero when a check failed.
+//! short of ok the fix (with `--json`, one document: `passed`, `failed`,
+//! `warnings` and `checks`, each with `check`, `level`, `saw` and `fix`).
+//! The exit status is non-zero when a check failed.
 //! Checks that need the agent's pins say so when it is not running. Each
 //! concern is a file: the host ([`host`]), the datapath ([`dataplane`]),
 //! the lease ([`lease`]), the peers ([`peers`]) and the CNI config
@@ -37,10 +39,12 @@ pub(crate) struct DoctorArgs<'a> {
     pub(crate) node: &'a NodeArgs,
     pub(crate) cni_conf_dir: &'a Path,
     pub(crate) probe_timeout: Duration,
+    /// The report as one JSON document instead of text.
+    pub(crate) json: bool,
 }
 
 pub(crate) async fn doctor(a: DoctorArgs<'_>) -> Result<()> {
-    let mut f = Findings::default();
+    let mut f = Findings::new(a.json);
     let agent = report::read(&a.node.state.state_dir);
     host::kernel(&mut f, &a.node.state.state_dir);
     host::bpffs(
