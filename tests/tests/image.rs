@@ -199,9 +199,8 @@ struct Mount {
     propagation: Option<String>,
 }
 
-/// The agent container's hostPath mounts, as `deploy/daemonset.yaml`
-/// declares them (Secrets and ConfigMaps aside).
-fn manifest_mounts() -> Vec<Mount> {
+/// `deploy/daemonset.yaml`, as JSON.
+fn daemonset() -> Value {
     let out = Command::new("python3")
         .args([
             "-c",
@@ -215,7 +214,13 @@ fn manifest_mounts() -> Vec<Mount> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ds: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The agent container's hostPath mounts, as `deploy/daemonset.yaml`
+/// declares them (Secrets and ConfigMaps aside).
+fn manifest_mounts() -> Vec<Mount> {
+    let ds = daemonset();
     let spec = &ds["spec"]["template"]["spec"];
     let volumes = spec["volumes"].as_array().unwrap();
     let agent = spec["containers"]
@@ -242,6 +247,24 @@ fn manifest_mounts() -> Vec<Mount> {
 
 fn v(host: &Path, container: &str, opts: &str) -> String {
     format!("{}:{container}{opts}", host.display())
+}
+
+/// A node whose etcd is plaintext has no Secret: every Secret the
+/// DaemonSet mounts is optional, or its pods would never start there (this
+/// test's agent runs without one).
+#[test]
+fn the_daemonsets_secrets_are_optional() {
+    let ds = daemonset();
+    let secrets: Vec<&Value> = ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v.get("secret").is_some())
+        .collect();
+    assert!(!secrets.is_empty(), "the etcd TLS Secret is mounted");
+    for v in secrets {
+        assert_eq!(v["secret"]["optional"], true, "{v}");
+    }
 }
 
 #[test]
@@ -356,6 +379,7 @@ fn the_image_as_a_node_agent() {
                 "/proc/sys/net" => PathBuf::from("/proc/sys/net"),
                 "/var/lib/cni/networks" => ipam_dir.clone(),
                 "/var/lib/cni/results" => results.clone(),
+                "/etc/cni/net.d" => host.cni_conf.clone(),
                 other => panic!("the DaemonSet mounts {other}: give it a place in this test"),
             };
             let mut opts: Vec<&str> = Vec::new();
@@ -380,6 +404,7 @@ fn the_image_as_a_node_agent() {
         "/sys/fs/bpf",
         "/var/lib/cni/networks",
         "/var/lib/cni/results",
+        "/etc/cni/net.d",
     ] {
         assert!(
             mounts.iter().any(|m| m.contains(&format!(":{want}"))),
@@ -480,6 +505,36 @@ fn the_image_as_a_node_agent() {
             (ping(&pod.ns, far.ip, 1) && ping(&far.ns, pod_ip, 1)).then_some(())
         });
     }
+
+    // `kubectl exec ... weft doctor` in the agent's container as the
+    // manifest makes it: every check it makes passes there (what it reads
+    // is mounted), in text and as JSON.
+    eventually("the containerized agent is ready", T, || {
+        http_get(&node.ns, node.ip, 8081, "/readyz")
+            .ok()
+            .filter(|(status, _)| status.contains("200"))
+    });
+    let doctor = podman.run(&["exec", "weft", "/weft", "doctor"]);
+    assert!(
+        doctor.status.success(),
+        "weft doctor in the container:\n{}",
+        String::from_utf8_lossy(&doctor.stdout)
+    );
+    let doctor = podman.run(&["exec", "weft", "/weft", "doctor", "--json"]);
+    let report: Value = serde_json::from_slice(&doctor.stdout).unwrap_or_else(|e| {
+        panic!(
+            "weft doctor --json printed no JSON ({e}):\n{}",
+            String::from_utf8_lossy(&doctor.stdout)
+        )
+    });
+    assert_eq!(report["passed"], true, "{report:#}");
+    let cni = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "cni")
+        .unwrap_or_else(|| panic!("no cni check: {report:#}"));
+    assert_eq!(cni["level"], "ok", "{report:#}");
 
     // An upgrade: the container stops and starts while a ping runs.
     let far: Ipv4Addr = c.nodes[0].node.pods[0].ip;

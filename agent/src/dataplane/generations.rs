@@ -54,8 +54,8 @@ const ALL: [(&str, bool); 9] = [
     (program_names::FROM_POD_WG, false),
 ];
 
-const CURRENT: &str = "programs";
-const PREVIOUS: &str = "programs-previous";
+pub(crate) const CURRENT: &str = "programs";
+pub(crate) const PREVIOUS: &str = "programs-previous";
 /// The marker of a generation that has reached the peers.
 const VERIFIED: &str = "verified";
 

@@ -84,7 +84,26 @@ pub(crate) fn pinned_program(
     ifindex: u32,
 ) -> Option<String> {
     let link = open_pinned_link(&link_pin_path(pins, hook, iface, ifindex)).ok()??;
-    program_name(link.info().ok()?.program_id())
+    let id = link.info().ok()?.program_id();
+    pinned_program_name(pins, id).or_else(|| program_name(id))
+}
+
+/// The name of the program with kernel id `id` among the generations
+/// pinned under `pins`. Reading a pinned program's info needs no privilege
+/// beyond the pin's file mode, where walking every loaded program
+/// ([`program_name`]) needs CAP_SYS_ADMIN, which the DaemonSet's agent
+/// container (and `kubectl exec ... weft doctor` in it) does not have.
+fn pinned_program_name(pins: &PinDir, id: u32) -> Option<String> {
+    [super::generations::CURRENT, super::generations::PREVIOUS]
+        .iter()
+        .find_map(|g| {
+            std::fs::read_dir(pins.root().join(g))
+                .ok()?
+                .filter_map(Result::ok)
+                .filter_map(|e| aya::programs::ProgramInfo::from_pin(e.path()).ok())
+                .find(|p| p.id() == id)
+                .and_then(|p| p.name_as_str().map(str::to_string))
+        })
 }
 
 /// The loaded program with kernel id `id`.
