@@ -240,6 +240,7 @@ impl Metrics {
     /// Every metric in Prometheus text format.
     pub(crate) fn render(&self, now_unix: i64) -> String {
         let mut o = String::new();
+        render_process(&mut o);
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         };
@@ -340,7 +341,8 @@ impl Metrics {
         for (feature, available) in self.kernel_features.lock().expect("metrics lock").iter() {
             let _ = writeln!(
                 o,
-                "{name}{{feature=\"{feature}\",available=\"{available}\"}} 1"
+                "{name}{{feature=\"{}\",available=\"{available}\"}} 1",
+                label(feature)
             );
         }
         let name = "weft_peer_problems";
@@ -384,7 +386,7 @@ impl Metrics {
             "# HELP {name} 1 for an etcd endpoint that answers with a leader and is in the client's rotation (checked every 2 s with several endpoints).\n# TYPE {name} gauge"
         );
         for (ep, up) in self.etcd_members.lock().expect("metrics lock").iter() {
-            let _ = writeln!(o, "{name}{{endpoint=\"{ep}\"}} {}", u8::from(*up));
+            let _ = writeln!(o, "{name}{{endpoint=\"{}\"}} {}", label(ep), u8::from(*up));
         }
         let name = "weft_etcd_reconnects_total";
         let _ = writeln!(
@@ -488,6 +490,67 @@ impl Metrics {
     }
 }
 
+/// A label value as the text format wants it: backslash, double quote
+/// and newline escaped (etcd endpoints and peer names come from outside).
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// `weft_build_info` and the `process_*` families every Prometheus
+/// exporter has (from /proc/self).
+fn render_process(o: &mut String) {
+    let _ = writeln!(
+        o,
+        "# HELP weft_build_info The running build: its version and the layout version of its pinned maps.\n# TYPE weft_build_info gauge\nweft_build_info{{version=\"{}\",map_layout=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        dataplane_common::LAYOUT_VERSION
+    );
+    let p = crate::sys::process::Usage::of_self();
+    let rows: [(&str, &str, &str, f64); 6] = [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+            p.cpu_seconds,
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            p.resident_bytes as f64,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            p.virtual_bytes as f64,
+        ),
+        (
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            p.open_fds as f64,
+        ),
+        (
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            p.max_fds as f64,
+        ),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            p.start_time_seconds,
+        ),
+    ];
+    for (name, kind, help, v) in rows {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    }
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -526,10 +589,17 @@ fn render_wireguard(o: &mut String, w: &WgMetrics) {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         if !w.per_peer.is_empty() {
             let pname = name.replace("weft_wireguard_", "weft_wireguard_peer_");
-            let _ = writeln!(o, "# TYPE {pname} counter");
+            let _ = writeln!(
+                o,
+                "# HELP {pname} {}\n# TYPE {pname} counter",
+                help.replace(
+                    "WireGuard peers (the current peers' sum)",
+                    "each WireGuard peer"
+                )
+            );
             for p in &w.per_peer {
                 let v = if per == 2 { p.2 } else { p.3 };
-                let _ = writeln!(o, "{pname}{{peer=\"{}\"}} {v}", p.0);
+                let _ = writeln!(o, "{pname}{{peer=\"{}\"}} {v}", label(&p.0));
             }
         }
     }
@@ -541,7 +611,7 @@ fn render_wireguard(o: &mut String, w: &WgMetrics) {
         );
         for p in &w.per_peer {
             if let Some(a) = p.1 {
-                let _ = writeln!(o, "{name}{{peer=\"{}\"}} {a}", p.0);
+                let _ = writeln!(o, "{name}{{peer=\"{}\"}} {a}", label(&p.0));
             }
         }
     }
@@ -549,7 +619,47 @@ fn render_wireguard(o: &mut String, w: &WgMetrics) {
 
 /// The eBPF counters.
 fn render_counters(o: &mut String, c: &Counters) {
-    let Ok(all) = c.all() else { return };
+    if let Ok(all) = c.all() {
+        render_counter_rows(o, &all);
+    }
+}
+
+impl Metrics {
+    /// Every family the agent can export, each once (a scrape of an agent
+    /// running every feature: host routing, peer health with per-peer
+    /// series and path MTU, the WireGuard backend, the self-test): what the
+    /// metrics reference is generated from.
+    pub(crate) fn specimen() -> String {
+        let m = Self::default();
+        *m.selftest.lock().expect("metrics lock") = Some((0, 0));
+        m.programs_known.store(true, Relaxed);
+        m.set_health(crate::health::HealthView::specimen());
+        m.set_wireguard(WgMetrics {
+            oldest_handshake: Some(0),
+            per_peer: vec![("weft.1/key".into(), Some(0), 0, 0)],
+            ..WgMetrics::default()
+        });
+        m.set_liberal(Arc::new(LiberalStats::default()));
+        m.set_etcd_members(vec![("https://etcd:2379".into(), true)]);
+        m.set_watch_member(1);
+        *m.kernel_features.lock().expect("metrics lock") = vec![("tcx".into(), true)];
+        m.set_rejected(BTreeMap::from([("overlaps", 0)]));
+        m.set_problems(BTreeMap::from([("route", 0)]));
+        let mut o = m.render(0);
+        let zero = dataplane_common::Counter::default();
+        let rows: Vec<_> = dataplane_common::Reason::ALL
+            .iter()
+            .map(|r| (*r, zero))
+            .collect();
+        render_counter_rows(&mut o, &rows);
+        o
+    }
+}
+
+fn render_counter_rows(
+    o: &mut String,
+    all: &[(dataplane_common::Reason, dataplane_common::Counter)],
+) {
     for (name, help, value) in [
         (
             "weft_dataplane_packets_total",
@@ -563,7 +673,7 @@ fn render_counters(o: &mut String, c: &Counters) {
         ),
     ] {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (r, v) in &all {
+        for (r, v) in all {
             let _ = writeln!(o, "{name}{{reason=\"{}\"}} {}", r.name(), value(v));
         }
     }

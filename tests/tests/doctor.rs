@@ -27,7 +27,10 @@ fn doctor_json(n: &WeftNode, cni_dir: &Path) -> (bool, serde_json::Value) {
         let b = text.rfind('}')?;
         serde_json::from_str(&text[a..=b]).ok()
     });
-    (ok, doc.unwrap_or_else(|| panic!("no JSON document:\n{text}")))
+    (
+        ok,
+        doc.unwrap_or_else(|| panic!("no JSON document:\n{text}")),
+    )
 }
 
 fn run_doctor(node: &Node, pins: &Path, agent: &Agent, cni_dir: &Path) -> (bool, String) {
@@ -81,7 +84,10 @@ fn fails(n: &WeftNode, cni_dir: &Path, check: &str, saw: &str) {
     );
     // The same findings as one JSON document, with the same exit status.
     let (ok, doc) = doctor_json(n, cni_dir);
-    assert!(!ok, "doctor --json exits non-zero with {check} broken: {doc:#}");
+    assert!(
+        !ok,
+        "doctor --json exits non-zero with {check} broken: {doc:#}"
+    );
     assert_eq!(doc["passed"], false, "{doc:#}");
     let found = doc["checks"].as_array().unwrap().iter().any(|c| {
         c["check"] == check
@@ -89,7 +95,10 @@ fn fails(n: &WeftNode, cni_dir: &Path, check: &str, saw: &str) {
             && c["saw"].as_str().is_some_and(|t| t.contains(saw))
             && c["fix"].as_str().is_some_and(|f| !f.is_empty())
     });
-    assert!(found, "a fail for {check} naming {saw:?} with its fix: {doc:#}");
+    assert!(
+        found,
+        "a fail for {check} naming {saw:?} with its fix: {doc:#}"
+    );
 }
 
 /// Drops what `rule` matches in the underlay's switch (a firewall on the

@@ -257,7 +257,8 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
         .env(
             "WEFT_KUBERNETES_VALIDATE",
             crate::setup::kubernetes_validate_bin(),
-        );
+        )
+        .env("WEFT_PROMTOOL", crate::setup::promtool_bin());
     let run = ledger.phase("tests", || run_collecting_failures(c));
     let (mut tests, mut failures) = (run.result, run.failures);
     ledger.binaries.extend(run.binaries);

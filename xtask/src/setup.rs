@@ -70,6 +70,7 @@ pub(crate) fn setup() -> Result<()> {
     step("the static (musl) target", musl_target)?;
     step("kubernetes-validate", kubernetes_validate)?;
     step("virtme-ng", virtme_ng)?;
+    step("promtool", promtool)?;
     step("VM kernels", crate::vm::kernels::fetch_all)?;
     step("bpffs at /sys/fs/bpf", bpffs)?;
     step("kernel", kernel)?;
@@ -380,6 +381,56 @@ pub(crate) fn venv_bin() -> PathBuf {
 
 fn virtme_ng() -> Result<String> {
     pip_package("virtme-ng", VIRTME_NG_VERSION, &venv_bin().join("vng"))
+}
+
+/// Prometheus's `promtool` (the tests check the agent's scrape with
+/// `promtool check metrics`): taken out of Debian's `prometheus` package
+/// rather than installing it, which would start a Prometheus server.
+pub(crate) fn promtool_bin() -> PathBuf {
+    home().join(".cache/weft/bin/promtool")
+}
+
+fn promtool() -> Result<String> {
+    let bin = promtool_bin();
+    if Command::new(&bin)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok("present".into());
+    }
+    let dir = home().join(".cache/weft/prometheus-deb");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let download = || {
+        let mut c = Command::new("apt-get");
+        c.args(["download", "-qq", "prometheus"]).current_dir(&dir);
+        run(c)
+    };
+    if download().is_err() {
+        let mut update = Command::new("apt-get");
+        update.args(["update", "-qq"]);
+        run(update)
+            .context("apt-get update failed: check the machine's apt sources and network")?;
+        download().context("apt-get download prometheus")?;
+    }
+    let deb = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download left no .deb")?;
+    let tree = dir.join("tree");
+    let mut x = Command::new("dpkg-deb");
+    x.arg("-x").arg(&deb).arg(&tree);
+    run(x)?;
+    std::fs::create_dir_all(bin.parent().context("promtool path")?)?;
+    std::fs::copy(tree.join("usr/bin/promtool"), &bin)
+        .with_context(|| format!("installing {}", bin.display()))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(format!(
+        "installed {} from {}",
+        bin.display(),
+        deb.file_name().unwrap_or_default().to_string_lossy()
+    ))
 }
 
 /// `package==version` from PyPI in the project's virtualenv (made with

@@ -502,6 +502,42 @@ fn receive(
 }
 
 impl HealthView {
+    /// A view of a prober that never ran, with every family it can show
+    /// (per-peer series and path MTU on): what the metrics reference lists.
+    pub(crate) fn specimen() -> Self {
+        let settings = Settings {
+            interval: Duration::from_secs(1),
+            rate: 1.0,
+            timeout: Duration::from_secs(1),
+            per_peer_metrics: true,
+            path_mtu: Some(1500),
+            port: 8472,
+            vtep: None,
+        };
+        // One peer, answered once: its series show with their labels.
+        let mut table = Table::new(settings.interval, settings.rate, settings.timeout);
+        let now = std::time::Instant::now();
+        let (subnet, vtep): (IpNet, IpAddr) = (
+            "10.244.1.0/24".parse().expect("a subnet"),
+            IpAddr::from([198, 18, 0, 1]),
+        );
+        table.upsert(subnet, vtep, now);
+        for (_, to, seq) in table.due(now, 1) {
+            table.answered(seq, to, now);
+        }
+        Self(Arc::new(Shared {
+            table: Mutex::new(table),
+            path: Some(Mutex::new(PathMtus::new(
+                1500,
+                settings.timeout,
+                settings.interval,
+            ))),
+            hist: Mutex::default(),
+            stop: AtomicBool::new(true),
+            settings,
+        }))
+    }
+
     /// The prober's metrics, in Prometheus text format.
     pub(crate) fn render(&self, o: &mut String) {
         let s = &self.0;

@@ -7,3 +7,4 @@ pub(crate) mod ethtool;
 pub(crate) mod fs;
 pub(crate) mod icmp;
 pub(crate) mod memory;
+pub(crate) mod process;
