@@ -130,7 +130,47 @@ pub(crate) enum Command {
         #[arg(long, short)]
         verbose: bool,
     },
+    /// Change the running agent's log filter, without a restart (tracing's
+    /// EnvFilter syntax: `debug`, `info,weft::dataplane=trace`); the next
+    /// start takes --log-level again.
+    LogLevel {
+        /// The new filter.
+        filter: String,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// Print a page of docs/reference/ as the code defines it (`cargo xtask
+    /// docs` writes them; the test suite fails when they differ).
+    #[command(hide = true)]
+    Reference {
+        #[arg(value_enum)]
+        page: ReferencePage,
+    },
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ReferencePage {
+    /// Every command's flags and their environment variables.
+    Flags,
+    /// Every metric the agent exports.
+    Metrics,
+}
+
+/// The environment variables Weft reads that are not a flag's.
+pub(crate) const OTHER_ENV: [(&str, &str); 3] = [
+    (
+        "WEFT_CNI_ROOTS",
+        "The CNI plugin: colon-separated absolute directories that its config's `stateDir`, `subnetFile` and `dataDir` may also lie under (besides /run/weft, /run/flannel and /var/lib/cni). Set in the runtime's environment: a network config cannot set it.",
+    ),
+    (
+        "WEFT_PROC_SYS_NET",
+        "Where the host's /proc/sys/net is mounted, for the sysctls the agent keeps set (the DaemonSet mounts it at /host/proc/sys/net, as an unprivileged container's own is read-only).",
+    ),
+    (
+        "CNI_COMMAND",
+        "Set by a container runtime: the binary runs as the CNI plugin (ADD, DEL, CHECK, STATUS, GC, VERSION), reading CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME and CNI_PATH as the CNI spec says.",
+    ),
+];
 
 /// Where a node's agent keeps its state, and its etcd: what the commands
 /// that look at a node read.

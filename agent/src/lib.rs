@@ -123,6 +123,11 @@ pub fn main() -> ExitCode {
                 bpffs_root,
                 verbose,
             } => commands::selftest(&bpffs_root, verbose),
+            Command::LogLevel { filter, state } => commands::log_level(&state.state_dir, &filter),
+            Command::Reference { page } => {
+                print!("{}", commands::reference(page));
+                Ok(())
+            }
         }
     });
     match result {
@@ -138,20 +143,43 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The running process's log filter, to change while it runs (`weft
+/// log-level`, through the agent's socket).
+#[cfg(feature = "agent")]
+static LOG_FILTER: std::sync::OnceLock<
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+> = std::sync::OnceLock::new();
+
+/// Replaces the log filter of this process (tracing's EnvFilter syntax).
+#[cfg(feature = "agent")]
+pub(crate) fn set_log_filter(filter: &str) -> Result<(), String> {
+    let f = tracing_subscriber::EnvFilter::try_new(filter)
+        .map_err(|e| format!("{filter:?} is not a log filter: {e}"))?;
+    let handle = LOG_FILTER.get().ok_or("logging is not set up")?;
+    handle.reload(f).map_err(|e| e.to_string())?;
+    tracing::info!(filter, "log filter changed");
+    Ok(())
+}
+
 #[cfg(feature = "agent")]
 fn init_logging(format: LogFormat, filter: &str) {
+    use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
         eprintln!("weft: bad --log-level {filter:?} ({e}); using info");
         tracing_subscriber::EnvFilter::new("info")
     });
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let _ = LOG_FILTER.set(handle);
     use std::io::IsTerminal as _;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
+    let registry = tracing_subscriber::registry().with(filter);
     // `init` also routes the `log` facade (the eBPF drop trace) into tracing.
+    // JSON: one flat object per line (the event's fields beside `level`,
+    // `target` and `timestamp`), as log collectors index them.
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => registry.with(fmt).init(),
+        LogFormat::Json => registry.with(fmt.json().flatten_event(true)).init(),
     }
 }

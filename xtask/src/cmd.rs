@@ -238,6 +238,7 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
     let mut ledger = Ledger::default();
     let weft = ledger.phase("build", || build(false))?;
     ledger.phase("lint", lint)?;
+    ledger.phase("docs", || crate::docs::docs(&weft, true))?;
     // The image the image and manifest tests run.
     let image = ledger.phase("image", crate::image::image)?;
 

@@ -4,6 +4,7 @@
 //! - `build [--release]`: the eBPF programs and the agent, in one step
 //! - `run -- ARGS`: build, then run `weft ARGS`
 //! - `lint`: fmt and clippy, host and eBPF crates (no root needed)
+//! - `docs [--check]`: the generated reference pages written (or checked), links checked
 //! - `test`: setup, build, lint, and every test (unit and privileged)
 //! - `fuzz [--seconds N] [TARGET..]`: the fuzz targets, longer
 //! - `demo`: setup, then a 3-node cluster in network namespaces, end to end
@@ -13,6 +14,7 @@
 //! - `image`: the container image (a static binary, from scratch) as an OCI archive
 
 mod cmd;
+mod docs;
 mod image;
 mod setup;
 mod toolchain;
@@ -48,6 +50,12 @@ enum Command {
     },
     /// fmt and clippy on every crate, the eBPF one included (no root needed).
     Lint,
+    /// Write docs/reference/ from the code (`--check`: fail where it
+    /// differs), and check every relative link of the docs.
+    Docs {
+        #[arg(long)]
+        check: bool,
+    },
     /// Setup, build, lint, all tests, and every fuzz target for 12 s.
     Test {
         /// Only run tests whose name contains this (and no fuzzing).
@@ -171,6 +179,10 @@ fn run() -> Result<()> {
             cmd::fuzz(&targets, seconds)
         }
         Command::Lint => cmd::lint(),
+        Command::Docs { check } => {
+            let weft = cmd::build(false)?;
+            docs::docs(&weft, check)
+        }
         Command::Demo { no_setup, args } => {
             if !no_setup {
                 setup::setup()?;

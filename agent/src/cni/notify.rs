@@ -3,8 +3,9 @@
 //! it has applied the change, so a pod's endpoint is programmed by the time
 //! ADD returns; an agent that is down or slow is not waited for.
 //!
-//! The same socket answers STATUS: a `status` line gets `ready` or
-//! `not-ready` at once.
+//! The same socket answers STATUS (a `status` line gets `ready` or
+//! `not-ready` at once) and `weft log-level` (a `log <filter>` line gets
+//! `applied` or `error: <why>`): it is the agent's socket, writable by root only.
 
 use std::{
     io::{Read as _, Write as _},
@@ -69,6 +70,18 @@ pub(crate) fn agent_status(state_dir: &Path) -> Result<(), String> {
     }
 }
 
+/// Sends `line` to the agent of `state_dir` and returns its one-line
+/// answer (`weft log-level`).
+pub(crate) fn ask(state_dir: &Path, line: &str) -> std::io::Result<String> {
+    let mut s = UnixStream::connect(socket(state_dir))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(format!("{line}\n").as_bytes())?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    Ok(answer.trim().to_string())
+}
+
 /// The agent's side: one message per plugin call, with the channel to
 /// answer on once it is applied.
 pub(crate) struct Listener {
@@ -113,15 +126,27 @@ impl Listener {
                 let tx = tx.clone();
                 let ready = ready.clone();
                 tokio::spawn(async move {
-                    let mut line = [0u8; 64];
+                    let mut line = [0u8; 512];
                     let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut line))
                         .await
                         .ok()
                         .and_then(Result::ok)
                         .unwrap_or(0);
-                    if line[..n].trim_ascii() == b"status" {
+                    let line = line[..n].trim_ascii();
+                    if line == b"status" {
                         let a: &[u8] = if ready() { b"ready\n" } else { b"not-ready\n" };
                         let _ = s.write_all(a).await;
+                        return;
+                    }
+                    if let Some(filter) = line.strip_prefix(b"log ") {
+                        let a = match std::str::from_utf8(filter)
+                            .map_err(|_| "the filter is not UTF-8".to_string())
+                            .and_then(crate::set_log_filter)
+                        {
+                            Ok(()) => "applied\n".to_string(),
+                            Err(e) => format!("error: {e}\n"),
+                        };
+                        let _ = s.write_all(a.as_bytes()).await;
                         return;
                     }
                     let (done_tx, done_rx) = oneshot::channel();

@@ -1,11 +1,15 @@
 //! The operator commands: `weft leases`, `status`, `counters`, `teardown`,
-//! `install-cni`, `uninstall-cni`, `doctor`, `node-init`, `selftest`, `rollback`.
+//! `install-cni`, `uninstall-cni`, `doctor`, `node-init`, `selftest`, `rollback`,
+//! `log-level`,
+//! and the hidden `reference` (the generated pages of docs/reference/).
 
 mod counters;
 mod doctor;
 mod install_cni;
 mod leases;
+mod log_level;
 mod node_init;
+mod reference;
 mod rollback;
 mod selftest;
 mod status;
@@ -16,7 +20,9 @@ pub(crate) use counters::counters;
 pub(crate) use doctor::{DoctorArgs, doctor};
 pub(crate) use install_cni::{install_cni, uninstall_cni};
 pub(crate) use leases::leases;
+pub(crate) use log_level::log_level;
 pub(crate) use node_init::node_init;
+pub(crate) use reference::reference;
 pub(crate) use rollback::rollback;
 pub(crate) use selftest::selftest;
 pub(crate) use status::status;
