@@ -139,6 +139,12 @@ pub(crate) enum Command {
         #[command(flatten)]
         state: StateArgs,
     },
+    /// Print the shell completion script for `weft` (bash: `weft
+    /// completions bash > /etc/bash_completion.d/weft`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Print a page of docs/reference/ as the code defines it (`cargo xtask
     /// docs` writes them; the test suite fails when they differ).
     #[command(hide = true)]

@@ -124,6 +124,11 @@ pub fn main() -> ExitCode {
                 verbose,
             } => commands::selftest(&bpffs_root, verbose),
             Command::LogLevel { filter, state } => commands::log_level(&state.state_dir, &filter),
+            Command::Completions { shell } => {
+                use clap::CommandFactory as _;
+                clap_complete::generate(shell, &mut Cli::command(), "weft", &mut std::io::stdout());
+                Ok(())
+            }
             Command::Reference { page } => {
                 print!("{}", commands::reference(page));
                 Ok(())

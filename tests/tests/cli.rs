@@ -106,3 +106,59 @@ fn status_without_an_agent_says_so() {
     assert!(!ok);
     assert!(err.contains("is the agent running?"), "{err}");
 }
+
+/// What bash offers after `words` (the last one being completed), with the
+/// script `weft completions bash` prints loaded.
+fn bash_completes(words: &[&str]) -> Vec<String> {
+    let (ok, script, err) = weft(&["completions", "bash"]);
+    assert!(ok, "{err}");
+    let dir = std::env::temp_dir().join(weft_tests::unique("weft-completions-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("weft.bash");
+    std::fs::write(&file, script).unwrap();
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let line = words.join(" ");
+    let prog = format!(
+        "source '{}'; COMP_WORDS=({}); COMP_CWORD={}; COMP_LINE='{line}'; COMP_POINT={}; _weft weft '{}' '{}'; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        file.display(),
+        quoted.join(" "),
+        words.len() - 1,
+        line.len(),
+        words[words.len() - 1],
+        words[words.len().saturating_sub(2)],
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &prog])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn shell_completions_complete_commands_and_flags() {
+    assert_eq!(bash_completes(&["weft", "doc"]), vec!["doctor".to_string()]);
+    assert!(
+        bash_completes(&["weft", "doctor", "--js"]).contains(&"--json".to_string()),
+        "doctor's flags"
+    );
+    assert!(
+        bash_completes(&["weft", "agent", "--host-rou"]).contains(&"--host-routing".to_string()),
+        "the agent's flags"
+    );
+    for shell in ["zsh", "fish"] {
+        let (ok, out, err) = weft(&["completions", shell]);
+        assert!(
+            ok && out.contains("doctor") && out.contains("host-routing"),
+            "{shell}: {err}"
+        );
+    }
+    let (ok, _, err) = weft(&["completions", "tcsh"]);
+    assert!(
+        !ok && err.contains("tcsh"),
+        "an unknown shell is refused: {err}"
+    );
+}

@@ -949,7 +949,7 @@ impl Agent {
                 %old,
                 new = %held.subnet,
                 pods_on_old_subnet = pods.len(),
-                "this node's subnet changed: its pods on the old subnet cannot be reached any more and must be recreated (the node stays not ready until they are; see the README, \"When a node's subnet changes\")"
+                "this node's subnet changed: its pods on the old subnet cannot be reached any more and must be recreated (the node stays not ready until they are; see docs/architecture/leases.md, \"When a node's subnet changes\")"
             );
             if !pods.is_empty() {
                 self.old_subnet = Some((old, pods.len()));
