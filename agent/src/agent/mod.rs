@@ -251,6 +251,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         moved,
     ));
     let r = agent.run(watch_rx, listener, &store).await;
+    crate::sys::sd_notify::notify("STOPPING=1");
     watcher.abort();
     members.abort();
     if let Some(e) = events {
@@ -577,6 +578,11 @@ impl Agent {
                     tracing::info!(file = %self.subnet_file.display(), "the subnet file is written again");
                 }
                 self.subnet_file_pending = false;
+                // As flannel: ready for systemd (Type=notify) once the lease
+                // is held, the dataplane is up and subnet.env names it.
+                crate::sys::sd_notify::notify(&format!(
+                    "READY=1\nSTATUS=holding {subnets}; dataplane up"
+                ));
             }
             Err(e) => {
                 if !self.subnet_file_pending {
@@ -762,7 +768,20 @@ impl Agent {
         self.metrics
             .set_direct_peers(self.dataplane.direct_peers().len() as u64);
         let ready = self.ready();
+        let was = self.metrics.ready();
         self.metrics.set_ready(ready);
+        if ready != was
+            && let Some(subnets) = self.subnet
+        {
+            crate::sys::sd_notify::notify(&format!(
+                "STATUS=holding {subnets}; {}",
+                if ready {
+                    "ready"
+                } else {
+                    "not ready (weft status says why)"
+                }
+            ));
+        }
         let programs = self.dataplane.programs();
         if let Some(p) = &programs {
             let ran = p.selftest_cases > 0 || !p.selftest_failed.is_empty();

@@ -8,3 +8,4 @@ pub(crate) mod fs;
 pub(crate) mod icmp;
 pub(crate) mod memory;
 pub(crate) mod process;
+pub(crate) mod sd_notify;
