@@ -22,6 +22,13 @@ fn socket(state_dir: &Path) -> PathBuf {
     state_dir.join(SOCKET)
 }
 
+/// Removes the agent's socket (`weft teardown`, the agent stopped): a
+/// stale one would only refuse connections, but uninstalling leaves
+/// nothing. Whether there was one.
+pub(crate) fn remove_socket(state_dir: &Path) -> bool {
+    std::fs::remove_file(socket(state_dir)).is_ok()
+}
+
 /// Tells the agent (plugin side). Failures only mean the agent will read
 /// the records when it is back.
 pub(crate) fn agent(state_dir: &Path) {

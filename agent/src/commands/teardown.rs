@@ -29,6 +29,12 @@ pub(crate) async fn teardown(pins: &PinArgs, state: &StateArgs) -> Result<()> {
     for vni in vnis.iter().copied().chain(vnis.is_empty().then_some(1)) {
         removed.extend(dataplane::teardown(&dir, vni, &state.state_dir).await?);
     }
+    if crate::cni::remove_socket(&state.state_dir) {
+        removed.push(format!(
+            "the agent's socket in {}",
+            state.state_dir.display()
+        ));
+    }
     if removed.is_empty() {
         println!("nothing to remove");
     }
