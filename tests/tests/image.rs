@@ -411,6 +411,51 @@ fn the_image_as_a_node_agent() {
             "the DaemonSet mounts {want} into the agent: {mounts:?}"
         );
     }
+    // The agent container's securityContext and environment as the
+    // manifest writes them.
+    let ds = daemonset();
+    let agent_spec = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "weft")
+        .unwrap()
+        .clone();
+    let sc = &agent_spec["securityContext"];
+    assert_eq!(sc["privileged"], false, "the agent is not privileged");
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    let caps: Vec<String> = sc["capabilities"]["add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    let caps = caps.join(",");
+    assert_eq!(
+        sc["seccompProfile"]["localhostProfile"], "weft-agent.json",
+        "the profile node-init installs"
+    );
+    let no_new_privileges = sc["allowPrivilegeEscalation"] == false;
+    let env: Vec<String> = agent_spec["env"]
+        .as_array()
+        .map(|e| {
+            e.iter()
+                .map(|v| {
+                    format!(
+                        "{}={}",
+                        v["name"].as_str().unwrap(),
+                        v["value"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let agent_args: Vec<String> = agent_spec["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
     let seccomp_opt = format!("seccomp={}", profile.display());
     let add_host = format!("{etcd_name}:{ETCD_IP}");
     let etcd_env = format!("FLANNELD_ETCD_ENDPOINTS=http://{etcd_name}:2379");
@@ -428,15 +473,20 @@ fn the_image_as_a_node_agent() {
             "--cap-drop",
             "all",
             "--cap-add",
-            "NET_ADMIN,NET_RAW,BPF,PERFMON,SYS_NICE",
-            "--security-opt",
-            "no-new-privileges",
+            &caps,
             "--security-opt",
             &seccomp_opt,
             "--add-host",
             &add_host,
-            "-e",
-            "WEFT_PROC_SYS_NET=/host/proc/sys/net",
+        ]);
+        if no_new_privileges {
+            args.extend(["--security-opt", "no-new-privileges"]);
+        }
+        for e in &env {
+            args.extend(["-e", e]);
+        }
+        // The ConfigMap's settings for this node.
+        args.extend([
             "-e",
             &etcd_env,
             "-e",
@@ -444,8 +494,8 @@ fn the_image_as_a_node_agent() {
             "-e",
             "FLANNELD_HEALTHZ_PORT=8081",
             &reference,
-            "agent",
         ]);
+        args.extend(agent_args.iter().map(String::as_str));
         podman.ok(&args)
     };
     run_agent();
