@@ -7,7 +7,7 @@
 //! - `docs [--check]`: the generated reference pages written (or checked), links checked
 //! - `test`: setup, build, lint, and every test (unit and privileged)
 //! - `fuzz [--seconds N] [TARGET..]`: the fuzz targets, longer
-//! - `demo`: setup, then a 3-node cluster in network namespaces, end to end
+//! - `demo`: the kernel checked, what the demo needs installed, then a 3-node cluster in network namespaces, end to end
 //! - `vm-test [--kernel 6.12|6.1] [TESTS..]`: the privileged tests on another kernel, in a VM
 //! - `vm-bench [--kernel 6.12] ARGS`: a benchmark in such a VM
 //! - `bench datapath|egress|leases|control-plane`: benchmarks, side by side with baselines
@@ -120,9 +120,10 @@ enum Command {
         seconds: u64,
         targets: Vec<String>,
     },
-    /// Setup, then a 3-node cluster in network namespaces, end to end.
+    /// Check the kernel, install what the demo needs (not the test
+    /// toolchain), then a 3-node cluster in network namespaces, end to end.
     Demo {
-        /// Skip `cargo xtask setup`.
+        /// Skip the checks and installs.
         #[arg(long)]
         no_setup: bool,
         #[arg(last = true)]
@@ -185,7 +186,7 @@ fn run() -> Result<()> {
         }
         Command::Demo { no_setup, args } => {
             if !no_setup {
-                setup::setup()?;
+                setup::demo()?;
             }
             cmd::tool("weft-demo", &args)
         }

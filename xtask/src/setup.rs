@@ -57,12 +57,28 @@ const PACKAGES: &[&str] = &[
     "wireguard-tools",
 ];
 
+/// What `cargo xtask demo` needs of them: the build, etcd and etcdctl, the
+/// pods' CNI plugins, ip, ping, iperf3, ps, modprobe. The rest stays with
+/// `cargo xtask test`.
+const DEMO_PACKAGES: &[&str] = &[
+    "protobuf-compiler",
+    "libprotobuf-dev",
+    "containernetworking-plugins",
+    "etcd-server",
+    "etcd-client",
+    "iproute2",
+    "iputils-ping",
+    "procps",
+    "iperf3",
+    "kmod",
+];
+
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const CARGO_FUZZ_VERSION: &str = "0.13.1";
 
 pub(crate) fn setup() -> Result<()> {
     let started = Instant::now();
-    step("Debian packages", debian_packages)?;
+    step("Debian packages", || debian_packages(PACKAGES))?;
     step("nightly toolchain with rust-src", nightly_rust_src)?;
     step("the recorded nightly", nightly_recorded)?;
     step("bpf-linker", bpf_linker)?;
@@ -78,7 +94,39 @@ pub(crate) fn setup() -> Result<()> {
     Ok(())
 }
 
-fn step(name: &str, f: fn() -> Result<String>) -> Result<()> {
+/// What `cargo xtask demo` needs, checking first what no install can fix
+/// (root, Debian, the kernel), so a machine that cannot run Weft is told
+/// at once rather than after the whole test toolchain is installed.
+pub(crate) fn demo() -> Result<()> {
+    let started = Instant::now();
+    if !is_root() {
+        bail!("the demo makes network namespaces and loads eBPF programs: run it as root");
+    }
+    if Command::new("dpkg-query")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        bail!(
+            "dpkg-query not found: cargo xtask demo installs with apt on Debian; elsewhere install {} and run `cargo xtask demo --no-setup`",
+            DEMO_PACKAGES.join(" ")
+        );
+    }
+    step("kernel", kernel)?;
+    eprintln!(
+        "setup (demo): Debian packages {}, the nightly toolchain's rust-src and bpf-linker, if missing",
+        DEMO_PACKAGES.join(" ")
+    );
+    step("Debian packages", || debian_packages(DEMO_PACKAGES))?;
+    step("nightly toolchain with rust-src", nightly_rust_src)?;
+    step("the recorded nightly", nightly_recorded)?;
+    step("bpf-linker", bpf_linker)?;
+    step("bpffs at /sys/fs/bpf", bpffs)?;
+    eprintln!("setup (demo): done in {:.1?}", started.elapsed());
+    Ok(())
+}
+
+fn step(name: &str, f: impl FnOnce() -> Result<String>) -> Result<()> {
     let t = Instant::now();
     let what = f().with_context(|| format!("setup step '{name}'"))?;
     eprintln!("setup: {name}: {what} ({:.1?})", t.elapsed());
@@ -93,7 +141,7 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn debian_packages() -> Result<String> {
+fn debian_packages(packages: &[&str]) -> Result<String> {
     if Command::new("dpkg-query")
         .arg("--version")
         .output()
@@ -101,16 +149,16 @@ fn debian_packages() -> Result<String> {
     {
         bail!(
             "dpkg-query not found: this is not a Debian-like system. Install by hand: {}",
-            PACKAGES.join(" ")
+            packages.join(" ")
         );
     }
     let out = Command::new("dpkg-query")
         .args(["-W", "-f=${Package} ${Status}\n"])
-        .args(PACKAGES)
+        .args(packages)
         .output()
         .context("running dpkg-query")?;
     let listed = String::from_utf8_lossy(&out.stdout);
-    let missing: Vec<&str> = PACKAGES
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| {
@@ -120,7 +168,7 @@ fn debian_packages() -> Result<String> {
         })
         .collect();
     if missing.is_empty() {
-        return Ok(format!("all {} present", PACKAGES.len()));
+        return Ok(format!("all {} present", packages.len()));
     }
     if !is_root() {
         bail!(
@@ -315,6 +363,11 @@ fn kernel() -> Result<String> {
         .unwrap_or_default()
         .trim()
         .to_string();
+    kernel_fits(&release, Path::new("/sys/kernel/btf/vmlinux").exists())
+}
+
+/// Whether a kernel of `release` (with BTF or not) can run Weft.
+fn kernel_fits(release: &str, btf: bool) -> Result<String> {
     // TC programs attach through TCX links, which Linux 6.6 introduced.
     let version: Vec<u32> = release
         .split(|c: char| !c.is_ascii_digit())
@@ -323,10 +376,10 @@ fn kernel() -> Result<String> {
         .collect();
     if version.len() == 2 && (version[0], version[1]) < (6, 6) {
         bail!(
-            "kernel {release} is older than 6.6: Weft attaches its TC programs through TCX links (Linux >= 6.6 with CONFIG_DEBUG_INFO_BTF)"
+            "kernel {release} is older than 6.6: Weft attaches its TC programs through TCX links (Linux >= 6.6 with CONFIG_DEBUG_INFO_BTF; Debian bookworm's backports kernel, or trixie, has one)"
         );
     }
-    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+    if !btf {
         bail!(
             "kernel {release} has no BTF (/sys/kernel/btf/vmlinux); Weft needs Linux >= 6.6 with CONFIG_DEBUG_INFO_BTF"
         );
@@ -462,4 +515,18 @@ fn pip_package(package: &str, version: &str, bin: &Path) -> Result<String> {
     ]);
     run(c).with_context(|| format!("installing {package} from PyPI"))?;
     Ok(format!("installed {version} in {}", venv.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_check_refuses_what_weft_cannot_run_on() {
+        assert!(kernel_fits("6.1.0-57-amd64", true).is_err());
+        assert!(kernel_fits("5.15.0", true).is_err());
+        assert!(kernel_fits("6.12.118+deb12-amd64", false).is_err());
+        assert!(kernel_fits("6.6.0", true).is_ok());
+        assert!(kernel_fits("6.18.44-fc-v1300", true).is_ok());
+    }
 }
