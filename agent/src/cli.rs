@@ -130,6 +130,20 @@ pub(crate) enum Command {
         #[arg(long, short)]
         verbose: bool,
     },
+    /// Gather what a bug report needs from this node into one JSON
+    /// document: version, kernel, status, doctor's findings, the leases,
+    /// the pins, subnet.env and the agent's last log lines. Each part that
+    /// cannot be read says why; nothing stops at the first.
+    Bundle {
+        #[command(flatten)]
+        node: NodeArgs,
+        /// Where the runtime finds CNI network configs (doctor's check).
+        #[arg(long, env = "WEFT_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+        cni_conf_dir: PathBuf,
+        /// Write the bundle here instead of stdout.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
     /// Change the running agent's log filter, without a restart (tracing's
     /// EnvFilter syntax: `debug`, `info,weft::dataplane=trace`); the next
     /// start takes --log-level again.

@@ -123,6 +123,11 @@ pub fn main() -> ExitCode {
                 bpffs_root,
                 verbose,
             } => commands::selftest(&bpffs_root, verbose),
+            Command::Bundle {
+                node,
+                cni_conf_dir,
+                output,
+            } => commands::bundle(&node, &cni_conf_dir, output.as_deref()).await,
             Command::LogLevel { filter, state } => commands::log_level(&state.state_dir, &filter),
             Command::Completions { shell } => {
                 use clap::CommandFactory as _;
@@ -166,6 +171,49 @@ pub(crate) fn set_log_filter(filter: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The agent's last log lines, for `weft bundle` (through its socket): a
+/// node's recent history wherever its log goes (a journal, a pod's log).
+#[cfg(feature = "agent")]
+static LOG_TAIL: std::sync::Mutex<std::collections::VecDeque<String>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+
+/// How many lines [`LOG_TAIL`] keeps.
+#[cfg(feature = "agent")]
+const LOG_TAIL_LINES: usize = 1000;
+
+/// The last log lines, oldest first.
+#[cfg(feature = "agent")]
+pub(crate) fn log_tail() -> Vec<String> {
+    LOG_TAIL
+        .lock()
+        .map(|t| t.iter().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// The log's writer: stderr, and a copy of each line into [`LOG_TAIL`].
+#[cfg(feature = "agent")]
+struct Tee;
+
+#[cfg(feature = "agent")]
+impl std::io::Write for Tee {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut t) = LOG_TAIL.lock() {
+            for line in String::from_utf8_lossy(buf).lines() {
+                if t.len() == LOG_TAIL_LINES {
+                    t.pop_front();
+                }
+                t.push_back(line.to_string());
+            }
+        }
+        std::io::stderr().write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 #[cfg(feature = "agent")]
 fn init_logging(format: LogFormat, filter: &str) {
     use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
@@ -177,7 +225,7 @@ fn init_logging(format: LogFormat, filter: &str) {
     let _ = LOG_FILTER.set(handle);
     use std::io::IsTerminal as _;
     let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| Tee)
         .with_ansi(std::io::stderr().is_terminal());
     let registry = tracing_subscriber::registry().with(filter);
     // `init` also routes the `log` facade (the eBPF drop trace) into tracing.

@@ -399,14 +399,21 @@ impl WeftNode {
         let mut full: Vec<&str> = args.to_vec();
         if matches!(
             args.first(),
-            Some(&"status") | Some(&"teardown") | Some(&"counters") | Some(&"rollback")
+            Some(&"status")
+                | Some(&"teardown")
+                | Some(&"counters")
+                | Some(&"rollback")
+                | Some(&"bundle")
         ) {
             full.extend(["--bpffs-dir", &pins]);
         }
-        if matches!(args.first(), Some(&"status") | Some(&"teardown")) {
+        if matches!(
+            args.first(),
+            Some(&"status") | Some(&"teardown") | Some(&"bundle")
+        ) {
             full.extend(["--state-dir", &state]);
         }
-        if args.first() == Some(&"status") {
+        if matches!(args.first(), Some(&"status") | Some(&"bundle")) {
             full.extend(["--subnet-file", &subnet_file, "--etcd-endpoints", &etcd]);
         }
         self.node

@@ -34,7 +34,7 @@ use std::{io::Read as _, process::ExitCode};
 use serde_json::{Value, json};
 
 pub(crate) use adopt::{DEFAULT_CACHE_DIR, adopted};
-pub(crate) use notify::{Listener, ask as ask_agent, remove_socket};
+pub(crate) use notify::{Listener, ask as ask_agent, ask_raw as ask_agent_raw, remove_socket};
 pub(crate) use record::{forget, records};
 
 use self::record::Record;

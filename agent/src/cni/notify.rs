@@ -5,7 +5,8 @@
 //!
 //! The same socket answers STATUS (a `status` line gets `ready` or
 //! `not-ready` at once) and `weft log-level` (a `log <filter>` line gets
-//! `applied` or `error: <why>`): it is the agent's socket, writable by root only.
+//! `applied` or `error: <why>`), and `weft bundle` (`log-tail` gets the
+//! agent's last log lines): it is the agent's socket, writable by root only.
 
 use std::{
     io::{Read as _, Write as _},
@@ -80,13 +81,18 @@ pub(crate) fn agent_status(state_dir: &Path) -> Result<(), String> {
 /// Sends `line` to the agent of `state_dir` and returns its one-line
 /// answer (`weft log-level`).
 pub(crate) fn ask(state_dir: &Path, line: &str) -> std::io::Result<String> {
+    ask_raw(state_dir, line).map(|a| a.trim().to_string())
+}
+
+/// Like [`ask`], the whole answer as it came (`log-tail`: many lines).
+pub(crate) fn ask_raw(state_dir: &Path, line: &str) -> std::io::Result<String> {
     let mut s = UnixStream::connect(socket(state_dir))?;
     s.set_write_timeout(Some(Duration::from_secs(2)))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     s.write_all(format!("{line}\n").as_bytes())?;
     let mut answer = String::new();
     s.read_to_string(&mut answer)?;
-    Ok(answer.trim().to_string())
+    Ok(answer)
 }
 
 /// The agent's side: one message per plugin call, with the channel to
@@ -143,6 +149,12 @@ impl Listener {
                     if line == b"status" {
                         let a: &[u8] = if ready() { b"ready\n" } else { b"not-ready\n" };
                         let _ = s.write_all(a).await;
+                        return;
+                    }
+                    if line == b"log-tail" {
+                        let mut a = crate::log_tail().join("\n");
+                        a.push('\n');
+                        let _ = s.write_all(a.as_bytes()).await;
                         return;
                     }
                     if let Some(filter) = line.strip_prefix(b"log ") {

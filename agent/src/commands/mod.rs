@@ -1,8 +1,9 @@
 //! The operator commands: `weft leases`, `status`, `counters`, `teardown`,
 //! `install-cni`, `uninstall-cni`, `doctor`, `node-init`, `selftest`, `rollback`,
-//! `log-level`,
+//! `log-level`, `bundle`,
 //! and the hidden `reference` (the generated pages of docs/reference/).
 
+mod bundle;
 mod counters;
 mod doctor;
 mod install_cni;
@@ -16,6 +17,7 @@ mod status;
 mod status_wireguard;
 mod teardown;
 
+pub(crate) use bundle::bundle;
 pub(crate) use counters::counters;
 pub(crate) use doctor::{DoctorArgs, doctor};
 pub(crate) use install_cni::{install_cni, uninstall_cni};
