@@ -12,6 +12,21 @@ use anyhow::{Context as _, Result, bail};
 use crate::netns::Netns;
 
 /// The weft binary: `$WEFT_BIN` (set by `cargo xtask test`), else the debug build.
+/// An agent's own directory (log, subnet file, state), empty: a name
+/// [`crate::unique`] gives again (its process id recurs across runs) may
+/// hold an earlier run's files, and a stale subnet.env there would pass
+/// for this agent's before it has written one.
+fn fresh_dir(name: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(crate::unique(&format!("weft-agent-{name}-")));
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
 pub fn weft_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("WEFT_BIN") {
         return PathBuf::from(p);
@@ -117,8 +132,7 @@ impl Agent {
         env: &[(&str, &str)],
         subnet_file: Option<String>,
     ) -> Result<Self> {
-        let dir = std::env::temp_dir().join(crate::unique(&format!("weft-agent-{name}-")));
-        std::fs::create_dir_all(&dir)?;
+        let dir = fresh_dir(name)?;
         if let Some(text) = subnet_file {
             std::fs::write(dir.join("subnet.env"), text)?;
         }
@@ -150,8 +164,7 @@ impl Agent {
         args: &[String],
         cgroup: &Path,
     ) -> Result<Self> {
-        let dir = std::env::temp_dir().join(crate::unique(&format!("weft-agent-{name}-")));
-        std::fs::create_dir_all(&dir)?;
+        let dir = fresh_dir(name)?;
         let mut a = Self {
             child: None,
             name: name.to_string(),
