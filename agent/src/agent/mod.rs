@@ -343,6 +343,9 @@ impl Agent {
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sighup = signal(SignalKind::hangup())?;
+        // Ready for systemd only now that a SIGTERM is handled: one sent
+        // right after READY=1 stops the agent as any other does.
+        self.notify_ready();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;

@@ -5,6 +5,20 @@
 use super::*;
 
 impl Agent {
+    /// As flanneld: READY=1 for systemd (`Type=notify`) once the lease is
+    /// held, the dataplane is up and subnet.env names the subnet. Sent
+    /// from the loop (its signal handlers in place) and after each write
+    /// there; systemd takes the first and ignores the rest.
+    pub(super) fn notify_ready(&self) {
+        if let Some(subnets) = self.subnet
+            && !self.subnet_file_pending
+        {
+            crate::sys::sd_notify::notify(&format!(
+                "READY=1\nSTATUS=holding {subnets}; dataplane up"
+            ));
+        }
+    }
+
     /// Writes subnet.env for the subnets held. When that fails (a full
     /// disk), a file naming other subnets is removed (the CNI plugin would
     /// hand out addresses of a subnet another node may hold now; without
@@ -16,15 +30,12 @@ impl Agent {
         };
         match self.write_subnet_env(subnets) {
             Ok(()) => {
-                if self.subnet_file_pending {
-                    tracing::info!(file = %self.subnet_file.display(), "the subnet file is written again");
-                }
+                let again = self.subnet_file_pending;
                 self.subnet_file_pending = false;
-                // As flannel: ready for systemd (Type=notify) once the lease
-                // is held, the dataplane is up and subnet.env names it.
-                crate::sys::sd_notify::notify(&format!(
-                    "READY=1\nSTATUS=holding {subnets}; dataplane up"
-                ));
+                if again {
+                    tracing::info!(file = %self.subnet_file.display(), "the subnet file is written again");
+                    self.notify_ready();
+                }
             }
             Err(e) => {
                 if !self.subnet_file_pending {
