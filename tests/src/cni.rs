@@ -175,6 +175,15 @@ impl ConfList {
             .join(":")
     }
 
+    /// The binary of plugin `ty`, from the list's CNI_PATH.
+    fn plugin_bin(&self, ty: &str) -> Result<PathBuf> {
+        self.path
+            .iter()
+            .map(|d| d.join(ty))
+            .find(|p| p.exists())
+            .with_context(|| format!("no CNI plugin {ty:?} in {}", self.cni_path()))
+    }
+
     /// Runs one plugin for `at`.
     pub fn exec(
         &self,
@@ -191,12 +200,7 @@ impl ConfList {
             args,
         } = *at;
         let ty = plugin["type"].as_str().context("a plugin without a type")?;
-        let bin = self
-            .path
-            .iter()
-            .map(|d| d.join(ty))
-            .find(|p| p.exists())
-            .with_context(|| format!("no CNI plugin {ty:?} in {}", self.cni_path()))?;
+        let bin = self.plugin_bin(ty)?;
         let config = serde_json::to_vec(&self.plugin_config(plugin, prev))?;
         let netns = pod
             .map(|p| p.path().display().to_string())
@@ -266,12 +270,7 @@ impl ConfList {
                 .map(|(id, ifname)| json!({"containerID": id, "ifname": ifname}))
                 .collect();
         }
-        let bin = self
-            .path
-            .iter()
-            .map(|d| d.join(ty))
-            .find(|p| p.exists())
-            .with_context(|| format!("no CNI plugin {ty:?} in {}", self.cni_path()))?;
+        let bin = self.plugin_bin(ty)?;
         let mut child = runtime_ns
             .command(bin.to_str().context("plugin path")?)
             .env_remove("CNI_CONTAINERID")
