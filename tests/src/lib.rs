@@ -9,6 +9,7 @@ pub mod bench;
 pub mod cgroup;
 pub mod cluster;
 pub mod cni;
+pub mod containerd;
 pub mod counters;
 pub mod dual;
 pub mod etcd;

@@ -29,3 +29,18 @@ fn check(program: &str, args: &[&str], out: Output) -> Result<String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// The pids of processes one of whose arguments is `arg` (e.g. the shims
+/// of a containerd, by its socket's path).
+pub fn pids_with_arg(arg: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+        })
+        .collect()
+}

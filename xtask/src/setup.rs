@@ -15,8 +15,9 @@ use crate::{cmd::run, toolchain};
 /// Debian packages: the build (protoc and the protobuf well-known types for
 /// etcd-client), the tests (etcd, iproute2, tcpdump/tshark, scapy,
 /// nftables, openssl for test certificates, the CNI plugins pods are
-/// attached with, podman with its CNI backend and runc, a static busybox
-/// for a container's root), the image (buildah, musl-tools for the static
+/// attached with, podman with its CNI backend and runc, containerd for
+/// pods made through CRI as the kubelet makes them, a static busybox for a
+/// container's root), the image (buildah, musl-tools for the static
 /// binary's C parts), manifest checks (yamllint, python3-venv for
 /// kubernetes-validate), conntrack (the tests read conntrack's entries)
 /// the benchmarks (iperf3, sockperf, bpftool, perf, ethtool) and the VM
@@ -29,6 +30,7 @@ const PACKAGES: &[&str] = &[
     "containernetworking-plugins",
     "podman",
     "runc",
+    "containerd",
     "conmon",
     "busybox-static",
     "etcd-server",
