@@ -104,6 +104,7 @@ impl Containerd {
     /// and whose libcni cache is `cache_dir`, with CNI plugins from
     /// `cni_bin_dirs` (linked into one directory: containerd 1.6 takes one)
     /// and network configs from `<dir>/net.d`. The pause image is imported.
+    /// `dir` (and whatever else the test put there) is removed on drop.
     pub fn start(
         dir: &Path,
         netns: &Path,
@@ -111,7 +112,6 @@ impl Containerd {
         cni_bin_dirs: &[&Path],
     ) -> Result<Self> {
         crate::require_root();
-        let _ = std::fs::remove_dir_all(dir);
         for d in ["net.d", "bin", "logs"] {
             std::fs::create_dir_all(dir.join(d)).context("containerd's directories")?;
         }
@@ -526,8 +526,9 @@ fn link_plugins(bin: &Path, dirs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
-/// The pause image's archive, built once per test process: busybox,
-/// sleeping.
+/// The pause image's archive: busybox, sleeping. Built once on a machine
+/// (it depends on nothing the tests change) and kept in the temp directory
+/// for the next test processes.
 pub fn pause_image() -> Result<PathBuf> {
     static IMAGE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     IMAGE
@@ -537,8 +538,21 @@ pub fn pause_image() -> Result<PathBuf> {
 }
 
 fn build_pause_image() -> Result<PathBuf> {
+    let archive = std::env::temp_dir().join("weft-pause-image.tar");
+    if archive.exists() {
+        return Ok(archive);
+    }
     let dir = std::env::temp_dir().join(crate::unique("weft-pause-"));
-    std::fs::create_dir_all(&dir)?;
+    let built = build_pause_image_in(&dir);
+    // Test processes may build it at once: the first rename wins, and each
+    // is a whole archive.
+    let out = built.and_then(|tar| Ok(std::fs::rename(tar, &archive)?));
+    let _ = std::fs::remove_dir_all(&dir);
+    out.map(|()| archive)
+}
+
+fn build_pause_image_in(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
     std::fs::copy("/bin/busybox", dir.join("busybox"))
         .context("busybox-static (cargo xtask setup)")?;
     std::fs::write(
@@ -555,7 +569,7 @@ fn build_pause_image() -> Result<PathBuf> {
     let buildah = |args: &[&str]| -> Result<()> {
         let out = Command::new("buildah")
             .args(args)
-            .current_dir(&dir)
+            .current_dir(dir)
             .env("CONTAINERS_STORAGE_CONF", dir.join("storage.conf"))
             .output()
             .context("running buildah (cargo xtask setup installs it)")?;
@@ -571,10 +585,8 @@ fn build_pause_image() -> Result<PathBuf> {
         PAUSE_IMAGE,
         &format!("oci-archive:{}:{PAUSE_IMAGE}", archive.display()),
     ])?;
-    // buildah's storage is no longer needed (vfs layers are plain files).
-    let _ = Command::new("buildah")
-        .args(["rmi", "--all"])
-        .env("CONTAINERS_STORAGE_CONF", dir.join("storage.conf"))
-        .output();
+    // buildah's vfs storage goes with the directory; its run directory may
+    // hold a mount.
+    buildah(&["rmi", "--all", "--force"])?;
     Ok(archive)
 }

@@ -13,11 +13,13 @@ use std::{
 
 use dataplane_common::Reason;
 use serde_json::{Value, json};
-use weft::dataplane::EndpointMap;
+use weft::dataplane::{Counters, EndpointMap};
 use weft_tests::{
     agent::eventually,
     containerd::{Containerd, Sandbox},
     dual::{DUAL, DualCluster, DualNode},
+    pins::TestPins,
+    weft_cluster::WeftCluster,
 };
 
 fn t() -> Duration {
@@ -58,7 +60,7 @@ fn runtime(n: &DualNode) -> Containerd {
     std::fs::create_dir_all(&dir).unwrap();
     let (net, bin) = installed_network(&dir, n);
     let c = Containerd::start(
-        &dir.join("containerd"),
+        &dir,
         &n.node.ns.path(),
         &n.node.cni_cache_dir,
         &[&bin, Path::new(weft_tests::cni::SYSTEM_PLUGINS)],
@@ -145,8 +147,37 @@ fn iperf(client: &Sandbox, server: &Sandbox, to: IpAddr) -> f64 {
     v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0)
 }
 
-fn count(n: &DualNode, r: Reason) -> f64 {
-    n.counters().get(r).unwrap().packets as f64
+fn count(pins: &TestPins, r: Reason) -> f64 {
+    Counters::open(pins.pins()).unwrap().get(r).unwrap().packets as f64
+}
+
+/// An iperf3 flow from sandbox `a` to sandbox `b` (on the nodes whose pins
+/// are given) takes the fast path on both nodes where the kernel lets host
+/// routing ask conntrack, and the host stack everywhere else.
+fn fast_path(a: (&TestPins, &Sandbox), b: (&TestPins, &Sandbox)) {
+    let counts = || {
+        [
+            count(a.0, Reason::EncapBypass),
+            count(a.0, Reason::Encapsulated),
+            count(b.0, Reason::DecapBypass),
+            count(b.0, Reason::Decapsulated),
+        ]
+    };
+    let before = counts();
+    let bytes = iperf(a.1, b.1, b.1.ip(false).unwrap());
+    assert!(
+        bytes > 1e7 / weft_tests::time_scale(),
+        "the flow moved {bytes} bytes"
+    );
+    let d: Vec<f64> = counts().iter().zip(before).map(|(x, y)| x - y).collect();
+    let (tx, rx) = (d[0] / (d[0] + d[1]), d[2] / (d[2] + d[3]));
+    println!("fast path: {tx:.4} of the sent packets, {rx:.4} of the received");
+    if weft_tests::bypasses() {
+        assert!(tx >= 0.99, "sent on the fast path: {tx:.4}");
+        assert!(rx >= 0.99, "received on the fast path: {rx:.4}");
+    } else {
+        assert_eq!(d[0] + d[2], 0.0, "nothing bypasses without the kfuncs");
+    }
 }
 
 #[test]
@@ -209,35 +240,10 @@ fn pods_made_through_cri_reach_each_other_across_nodes() {
 
     // A flow between two of them takes the fast path where the kernel lets
     // host routing ask conntrack.
-    let (a, b) = (&c.nodes[0], &c.nodes[1]);
-    let counts = || {
-        [
-            count(a, Reason::EncapBypass),
-            count(a, Reason::Encapsulated),
-            count(b, Reason::DecapBypass),
-            count(b, Reason::Decapsulated),
-        ]
-    };
-    let before_flow = counts();
-    let server = &pods[1][0];
-    let bytes = iperf(&pods[0][0], server, server.ip(false).unwrap());
-    assert!(
-        bytes > 1e7 / weft_tests::time_scale(),
-        "the flow moved {bytes} bytes"
+    fast_path(
+        (&c.nodes[0].pins, &pods[0][0]),
+        (&c.nodes[1].pins, &pods[1][0]),
     );
-    let d: Vec<f64> = counts()
-        .iter()
-        .zip(before_flow)
-        .map(|(x, y)| x - y)
-        .collect();
-    let (tx, rx) = (d[0] / (d[0] + d[1]), d[2] / (d[2] + d[3]));
-    println!("fast path: {tx:.4} of the sent packets, {rx:.4} of the received");
-    if weft_tests::bypasses() {
-        assert!(tx >= 0.99, "sent on the fast path: {tx:.4}");
-        assert!(rx >= 0.99, "received on the fast path: {rx:.4}");
-    } else {
-        assert_eq!(d[0] + d[2], 0.0, "nothing bypasses without the kfuncs");
-    }
 
     // StopPodSandbox and RemovePodSandbox leave nothing behind: no record,
     // endpoint, address, device, cache entry or pinned namespace.
@@ -260,4 +266,254 @@ fn pods_made_through_cri_reach_each_other_across_nodes() {
             assert!(!Path::new(ns).exists(), "{ns} is left");
         }
     }
+}
+
+/// Every address of the sandboxes `pods` (both families).
+fn addresses(pods: &[Sandbox]) -> Vec<IpAddr> {
+    pods.iter().flat_map(|p| p.ips.clone()).collect()
+}
+
+/// Waits until `from` reaches each of `to`.
+fn reaches(from: &DualNode, to: &[IpAddr]) {
+    let pod = &from.node.pods[0];
+    for dst in to {
+        eventually(&format!("a pod reaches {dst}"), t(), || {
+            weft_tests::cluster::ping(&pod.ns, *dst, 1).then_some(())
+        });
+    }
+}
+
+#[test]
+fn twenty_sandboxes_at_once_while_the_agent_restarts() {
+    let mut c = DualCluster::new(2, DUAL, &["--ip-masq"]).unwrap();
+    c.wait_meshed(t());
+    let before = held(&c.nodes[0]);
+    let r = runtime(&c.nodes[0]);
+    let names: Vec<String> = (0..20).map(|i| format!("burst-{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+
+    // The kubelet starts them together; the agent restarts among them (an
+    // upgrade of the DaemonSet as pods land).
+    let started = std::time::Instant::now();
+    let (results, took, restarted) = std::thread::scope(|s| {
+        let made = s.spawn(|| {
+            let r = r.run_pods(&names);
+            (r, started.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        c.nodes[0].agent.restart().unwrap();
+        let restarted = started.elapsed();
+        let (results, took) = made.join().unwrap();
+        (results, took, restarted)
+    });
+    println!("20 sandboxes made in {took:?}; the agent restarted at {restarted:?}");
+    assert!(restarted < took, "the agent restarted while they were made");
+    let pods: Vec<Sandbox> = results
+        .into_iter()
+        .map(|r| r.expect("every sandbox is made"))
+        .collect();
+    let all = addresses(&pods);
+    let distinct: BTreeSet<IpAddr> = all.iter().copied().collect();
+    assert_eq!(all.len(), 40, "an address of each family each: {all:?}");
+    assert_eq!(distinct.len(), all.len(), "distinct addresses: {all:?}");
+    let n = &c.nodes[0];
+    for ip in &all {
+        assert!(
+            match ip {
+                IpAddr::V4(a) => n.subnets.v4.is_some_and(|s| s.contains(a)),
+                IpAddr::V6(a) => n.subnets.v6.is_some_and(|s| s.contains(a)),
+            },
+            "{ip} in {:?}",
+            n.subnets
+        );
+    }
+    eventually("every sandbox is an endpoint", t(), || {
+        let e = endpoints(n);
+        all.iter().all(|ip| e.contains(ip)).then_some(())
+    });
+    // Reached from the other node, both families.
+    reaches(&c.nodes[1], &all);
+
+    for p in &pods {
+        r.remove_pod(&p.id).unwrap();
+    }
+    let mut now = held(n);
+    weft_tests::agent::poll(t(), || {
+        now = held(n);
+        (now == before).then_some(())
+    });
+    assert_eq!(now, before, "what the node held before the sandboxes");
+}
+
+#[test]
+fn containerd_restarts_under_running_sandboxes() {
+    let mut c = DualCluster::new(2, DUAL, &["--ip-masq"]).unwrap();
+    c.wait_meshed(t());
+    let before = held(&c.nodes[0]);
+    let mut r = runtime(&c.nodes[0]);
+    let pods = vec![r.run_pod("kept").unwrap(), r.run_pod("gone").unwrap()];
+    reaches(&c.nodes[1], &addresses(&pods));
+
+    // containerd restarts (an upgrade of it): the sandboxes run on, keep
+    // their network, and containerd finds them again.
+    r.restart().unwrap();
+    let mut ids = r.sandboxes().unwrap();
+    ids.sort();
+    let mut want: Vec<String> = pods.iter().map(|p| p.id.clone()).collect();
+    want.sort();
+    assert_eq!(ids, want, "containerd still knows both sandboxes");
+    for p in &pods {
+        let now = r.status(&p.id).unwrap();
+        assert_eq!(now.ips, p.ips, "{} kept its addresses", p.name);
+        assert_eq!(now.pid, p.pid, "{} was not recreated", p.name);
+    }
+    reaches(&c.nodes[1], &addresses(&pods));
+
+    // A sandbox removed while the agent is down (CNI DEL without it)
+    // leaves nothing once the agent is back; the other stays reached.
+    c.nodes[0].agent.kill();
+    r.remove_pod(&pods[1].id).unwrap();
+    c.nodes[0].agent.restart().unwrap();
+    let n = &c.nodes[0];
+    let kept = &pods[0];
+    eventually("the removed sandbox's endpoints are gone", t(), || {
+        let e = endpoints(n);
+        (pods[1].ips.iter().all(|ip| !e.contains(ip)) && kept.ips.iter().all(|ip| e.contains(ip)))
+            .then_some(())
+    });
+    reaches(&c.nodes[1], &kept.ips);
+    r.remove_pod(&kept.id).unwrap();
+    let mut now = held(n);
+    weft_tests::agent::poll(t(), || {
+        now = held(n);
+        (now == before).then_some(())
+    });
+    assert_eq!(now, before, "what the node held before the sandboxes");
+}
+
+/// An image `cargo xtask image` built, loaded as the docs say for a
+/// containerd node (`ctr -n k8s.io images import`), is one the kubelet
+/// sees through CRI under the reference the DaemonSet names.
+#[test]
+fn the_image_imported_with_ctr_is_seen_through_cri() {
+    let archive = std::env::var("WEFT_IMAGE").expect(
+        "WEFT_IMAGE: the image's OCI archive (cargo xtask test builds it with cargo xtask image)",
+    );
+    let reference = std::env::var("WEFT_IMAGE_REF").expect("WEFT_IMAGE_REF");
+    let ns = weft_tests::netns::Netns::new("wcri").unwrap();
+    let dir = std::env::temp_dir().join(weft_tests::unique("weft-cri-image-"));
+    let r = Containerd::start(&dir, &ns.path(), &dir.join("cache"), &[]).unwrap();
+    assert!(
+        !r.images().unwrap().contains(&reference),
+        "not there before the import"
+    );
+    r.import(Path::new(&archive)).unwrap();
+    let images = r.images().unwrap();
+    assert!(images.contains(&reference), "{reference} in {images:?}");
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml"),
+    )
+    .unwrap();
+    let named: Vec<&str> = manifest
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("image:"))
+        .map(|s| s.trim().trim_matches('"'))
+        .collect();
+    assert!(!named.is_empty(), "the DaemonSet names its image");
+    for image in named {
+        assert_eq!(image, reference, "the DaemonSet's image is the one built");
+    }
+}
+
+/// A node moved from flannel: its sandboxes were made by containerd with
+/// flannel's chain (bridge + host-local, no `weft` line). When Weft's agent
+/// starts they keep running, are adopted from the cache containerd's libcni
+/// wrote, and their flows take the fast path without being recreated.
+#[test]
+fn sandboxes_on_flannels_chain_are_adopted_from_containerds_cache() {
+    let mut c = WeftCluster::new(0, &[]).unwrap();
+    for i in 1..=2 {
+        c.start_node(i, &[]).unwrap();
+    }
+    c.wait_meshed(t());
+    let mtu = c.nodes[0].subnet_file_mtu();
+    let runtimes: Vec<Containerd> = c
+        .nodes
+        .iter()
+        .map(|n| {
+            let dir = std::env::temp_dir().join(weft_tests::unique("weft-cri-"));
+            let r = Containerd::start(
+                &dir,
+                &n.node.ns.path(),
+                &n.node.cni_cache_dir,
+                &[Path::new(weft_tests::cni::SYSTEM_PLUGINS)],
+            )
+            .unwrap();
+            let flannel = weft_tests::cni::flannel_like(
+                n.subnet,
+                "10.244.0.0/16".parse().unwrap(),
+                mtu,
+                &n.node.ipam_dir,
+            );
+            r.set_network(&json!({
+                "cniVersion": flannel.cni_version,
+                "name": flannel.name,
+                "plugins": flannel.plugins,
+            }))
+            .unwrap();
+            r
+        })
+        .collect();
+    let pods: Vec<Sandbox> = runtimes
+        .iter()
+        .map(|r| r.run_pod("flannel-era").unwrap())
+        .collect();
+    for (n, p) in c.nodes.iter().zip(&pods) {
+        let IpAddr::V4(ip) = p.ip(false).unwrap() else {
+            unreachable!()
+        };
+        assert!(n.subnet.contains(&ip), "{ip} in {}", n.subnet);
+        assert!(
+            !runtimes_cache_is_empty(&n.node.cni_cache_dir),
+            "containerd's libcni wrote the node's cache"
+        );
+    }
+
+    // Weft's agents start (again) and find them in the cache.
+    for n in c.nodes.iter_mut() {
+        n.agent.restart().unwrap();
+    }
+    for (n, p) in c.nodes.iter().zip(&pods) {
+        eventually("the sandbox is adopted", t(), || {
+            let e: BTreeSet<IpAddr> = EndpointMap::open(n.pins.pins())
+                .unwrap()
+                .all()
+                .unwrap()
+                .into_keys()
+                .collect();
+            e.contains(&p.ip(false).unwrap()).then_some(())
+        });
+    }
+    fast_path((&c.nodes[0].pins, &pods[0]), (&c.nodes[1].pins, &pods[1]));
+    for (r, p) in runtimes.iter().zip(&pods) {
+        let now = r.status(&p.id).unwrap();
+        assert_eq!((now.pid, &now.ips), (p.pid, &p.ips), "not recreated");
+    }
+
+    // Removed by the kubelet later: its endpoint goes with its cache entry.
+    runtimes[1].remove_pod(&pods[1].id).unwrap();
+    let gone = pods[1].ip(false).unwrap();
+    eventually("the removed sandbox's endpoint is gone", t(), || {
+        let e: BTreeSet<IpAddr> = EndpointMap::open(c.nodes[1].pins.pins())
+            .unwrap()
+            .all()
+            .unwrap()
+            .into_keys()
+            .collect();
+        (!e.contains(&gone)).then_some(())
+    });
+}
+
+fn runtimes_cache_is_empty(cache_dir: &Path) -> bool {
+    listing(&cache_dir.join("results")).is_empty()
 }
