@@ -517,3 +517,77 @@ fn sandboxes_on_flannels_chain_are_adopted_from_containerds_cache() {
 fn runtimes_cache_is_empty(cache_dir: &Path) -> bool {
     listing(&cache_dir.join("results")).is_empty()
 }
+
+/// Weft's plugin chained after flannel's (the conflist an operator installs
+/// with `weft install-cni --conflist`): containerd's sandboxes are
+/// registered by the plugin itself (a record, not an adoption), reach the
+/// other node, and leave no record once removed.
+#[test]
+fn sandboxes_on_a_chain_installed_with_install_cni() {
+    let c = WeftCluster::new(2, &[]).unwrap();
+    c.wait_meshed(t());
+    let n = &c.nodes[0];
+    let dir = std::env::temp_dir().join(weft_tests::unique("weft-cri-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut chain = weft_tests::cni::flannel_like(
+        n.subnet,
+        "10.244.0.0/16".parse().unwrap(),
+        n.subnet_file_mtu(),
+        &n.node.ipam_dir,
+    );
+    weft_tests::cni::chain_weft(&mut chain, &n.agent.state_dir());
+    let given = dir.join("chained.conflist");
+    std::fs::write(
+        &given,
+        json!({"cniVersion": chain.cni_version, "name": chain.name, "plugins": chain.plugins})
+            .to_string(),
+    )
+    .unwrap();
+    let (bin, conf) = (dir.join("cni-bin"), dir.join("cni-conf"));
+    let (ok, _, err) = weft_tests::agent::weft(&[
+        "install-cni",
+        "--bin-dir",
+        bin.to_str().unwrap(),
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--conflist",
+        given.to_str().unwrap(),
+    ]);
+    assert!(ok, "install-cni: {err}");
+    let installed: Value =
+        serde_json::from_str(&std::fs::read_to_string(conf.join("10-weft.conflist")).unwrap())
+            .unwrap();
+    let r = Containerd::start(
+        &dir,
+        &n.node.ns.path(),
+        &n.node.cni_cache_dir,
+        &[&bin, Path::new(weft_tests::cni::SYSTEM_PLUGINS)],
+    )
+    .unwrap();
+    r.set_network(&installed).unwrap();
+
+    let records = || listing(&n.agent.state_dir().join("endpoints"));
+    let before = records();
+    let pod = r.run_pod("chained").unwrap();
+    let IpAddr::V4(ip) = pod.ip(false).unwrap() else {
+        unreachable!()
+    };
+    assert!(n.subnet.contains(&ip), "{ip} in {}", n.subnet);
+    let added: Vec<String> = records().difference(&before).cloned().collect();
+    assert_eq!(added.len(), 1, "one record by the plugin: {added:?}");
+    assert!(added[0].starts_with(&pod.id), "{added:?} is {}'s", pod.id);
+    eventually("the sandbox is an endpoint", t(), || {
+        EndpointMap::open(n.pins.pins())
+            .unwrap()
+            .all()
+            .unwrap()
+            .contains_key(&IpAddr::V4(ip))
+            .then_some(())
+    });
+    let far = c.nodes[1].node.pods[0].ip;
+    eventually("the sandbox reaches the other node's pod", t(), || {
+        pod.ping(far.into(), 1).then_some(())
+    });
+    r.remove_pod(&pod.id).unwrap();
+    assert_eq!(records(), before, "DEL removed its record");
+}
