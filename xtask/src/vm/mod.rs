@@ -386,6 +386,9 @@ pub(crate) fn matrix() -> Vec<Options> {
                 // A switch between the backends, both ways: nothing of
                 // the old one left.
                 "backend_switch",
+                // Pods made by containerd's CRI take the fast path with
+                // the module's kfuncs, as on a Debian kubelet.
+                "cri:pods_made_through_cri_reach_each_other_across_nodes",
             ],
         ),
         Options::new(
