@@ -91,6 +91,11 @@ fn a_node_carrying_traffic_is_left_alone() {
     let c = WeftCluster::new(2, &["--peer-probe-interval", "0"]).unwrap();
     c.wait_meshed(T);
     let n1 = &c.nodes[0];
+    // The agent checks once that its programs reach the new peer (a probe
+    // through the tunnel, counted): after that the node is quiet.
+    n1.agent
+        .wait_log("the programs in the links reach the peers: verified", T)
+        .unwrap();
     let peers = n1.peer_subnets();
     let counters = || {
         weft::dataplane::Counters::open(n1.pins.pins())
