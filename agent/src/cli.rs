@@ -153,6 +153,15 @@ pub(crate) enum Command {
         #[command(flatten)]
         state: StateArgs,
     },
+    /// Turn the running agent's drop trace on or off, without a restart:
+    /// every packet the dataplane drops, with its reason and addresses, in
+    /// the agent's log; the next start takes --trace-drops again.
+    TraceDrops {
+        #[arg(value_enum)]
+        switch: OnOff,
+        #[command(flatten)]
+        state: StateArgs,
+    },
     /// Print the shell completion script for `weft` (bash: `weft
     /// completions bash > /etc/bash_completion.d/weft`).
     Completions {
@@ -166,6 +175,12 @@ pub(crate) enum Command {
         #[arg(value_enum)]
         page: ReferencePage,
     },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -388,7 +403,8 @@ pub(crate) struct AgentArgs {
     #[arg(long, env = "WIREGUARD_KEY_FILE", default_value = crate::dataplane::wireguard::DEFAULT_KEY_FILE)]
     pub wireguard_key_file: PathBuf,
     /// Log every packet the dataplane drops, with the reason and the
-    /// addresses (for debugging; off costs nothing).
+    /// addresses (for debugging; `weft trace-drops on|off` switches it at
+    /// run time; off, a drop costs one flag test more).
     #[arg(long, env = "WEFT_TRACE_DROPS")]
     pub trace_drops: bool,
     /// How often each peer is probed through the tunnel (continuous peer

@@ -129,6 +129,9 @@ pub fn main() -> ExitCode {
                 output,
             } => commands::bundle(&node, &cni_conf_dir, output.as_deref()).await,
             Command::LogLevel { filter, state } => commands::log_level(&state.state_dir, &filter),
+            Command::TraceDrops { switch, state } => {
+                commands::trace_drops(&state.state_dir, switch == cli::OnOff::On)
+            }
             Command::Completions { shell } => {
                 use clap::CommandFactory as _;
                 clap_complete::generate(shell, &mut Cli::command(), "weft", &mut std::io::stdout());

@@ -42,6 +42,9 @@ pub(crate) struct Report {
     /// `--ip-masq`.
     #[serde(default)]
     pub(crate) masquerade: bool,
+    /// The drop trace (`--trace-drops`, `weft trace-drops`).
+    #[serde(default)]
+    pub(crate) trace_drops: bool,
     /// The overlay device's MTU.
     #[serde(default)]
     pub(crate) mtu: Option<u32>,

@@ -307,6 +307,11 @@ pub const CONFIG_F_PATH_MTU: u32 = 128;
 /// pods straight into them. No program encapsulates or decapsulates VXLAN.
 /// Adding it changed no existing map.
 pub const CONFIG_F_WIREGUARD: u32 = 256;
+/// The drop trace is on (`--trace-drops`, `weft trace-drops on`): each
+/// dropped packet is also logged through aya-log's ring buffer, which the
+/// agent reads into its log. Off, a drop costs one test of this flag more.
+/// The agent sets and clears it at run time. Adding it changed no map.
+pub const CONFIG_F_TRACE_DROPS: u32 = 512;
 
 /// The path MTU a peer not yet measured is given (outer IPv4 packet,
 /// header included), where the uplink's is larger.

@@ -1,15 +1,26 @@
-//! `--trace-drops`: one log record per dropped packet.
+//! `--trace-drops` (`weft trace-drops on|off` at run time): one log record
+//! per dropped packet.
 //!
-//! aya-log checks its level, a constant the agent sets when it loads the
-//! programs (0 unless `--trace-drops`), before doing anything: with the
-//! trace off the verifier removes this code, so it costs nothing.
+//! The agent loads the programs with aya-log's level at `warn`, so the
+//! logging code is always there; whether a drop is logged is the config's
+//! `CONFIG_F_TRACE_DROPS`, which the agent flips without reloading
+//! anything. Off, a drop costs a test of that flag; a packet that is not
+//! dropped never comes here.
 
 use aya_ebpf::EbpfContext;
 use aya_log_ebpf::warn;
 
 use aya_ebpf::programs::{TcContext, XdpContext};
 
-use crate::{packet::read, verdict::Dropped};
+use dataplane_common::CONFIG_F_TRACE_DROPS;
+
+use crate::{maps::config, packet::read, verdict::Dropped};
+
+/// Whether the agent has the drop trace on.
+#[inline(always)]
+fn tracing() -> bool {
+    config().is_some_and(|c| c.flags & CONFIG_F_TRACE_DROPS != 0)
+}
 
 /// The packet's bounds and device, for the programs' contexts.
 pub(crate) trait Frame: EbpfContext {
@@ -40,6 +51,9 @@ impl Frame for XdpContext {
 
 #[inline(always)]
 pub(crate) fn dropped<C: Frame>(ctx: &C, d: &Dropped) {
+    if !tracing() {
+        return;
+    }
     if d.ip6_at != 0 {
         let (data, end) = ctx.bounds();
         // Bounded for the verifier (a header offset is always below 128).
@@ -64,6 +78,9 @@ pub(crate) fn dropped<C: Frame>(ctx: &C, d: &Dropped) {
 /// IPv6 packet's are not read).
 #[inline(always)]
 pub(crate) fn dropped_brief<C: Frame>(ctx: &C, d: &Dropped) {
+    if !tracing() {
+        return;
+    }
     if d.ip6_at != 0 {
         warn!(ctx, "dropped ({}): an IPv6 packet", d.reason.name());
         return;

@@ -45,7 +45,6 @@ pub fn spec(node: &Node, subnet: Ipv4Net, pins: &TestPins, mode: XdpMode) -> Set
             vtep6_mac: vtep6_mac(node.index),
             xdp_mode: mode,
             pins: pins.pins().clone(),
-            trace_drops: false,
             max_peers: dataplane_common::MAX_PEERS,
             fault: dataplane_common::FAULT_NONE,
             host_routing: match crate::host_routing() {

@@ -445,7 +445,8 @@ fn metrics_status_and_teardown() {
 
 /// `--trace-drops`: a VXLAN packet from an unknown sender is dropped and the
 /// agent logs it with its reason and addresses; an agent without the flag
-/// logs nothing for the same packet (but counts it).
+/// logs nothing for the same packet (but counts it). `weft trace-drops
+/// on|off` switches the trace of a running agent, without a restart.
 #[test]
 fn dropped_packets_are_traced_on_request() {
     let mut c = WeftCluster::new(0, &[]).unwrap();
@@ -471,32 +472,84 @@ fn dropped_packets_are_traced_on_request() {
     ip[12..16].copy_from_slice(&[10, 99, 0, 1]);
     ip[16..20].copy_from_slice(&[10, 244, 1, 10]);
     vxlan.extend(ip);
-    attacker
-        .run(move || {
-            let s = std::net::UdpSocket::bind("198.18.0.66:40000").unwrap();
-            for dst in ["198.18.0.1:8472", "198.18.0.2:8472"] {
-                s.send_to(&vxlan, dst).unwrap();
-            }
-        })
-        .unwrap();
-    c.nodes[0]
-        .agent
-        .wait_log("dropped (drop_unknown_vtep): 198.18.0.66 -> 198.18.0.1", T)
-        .unwrap();
-    let counted = eventually("node 2 counts the drop", T, || {
-        let (_, body) = http_get(&c.nodes[1].node.ns, c.nodes[1].node.ip, 9090, "/metrics").ok()?;
+    let send = || {
+        let vxlan = vxlan.clone();
+        attacker
+            .run(move || {
+                let s = std::net::UdpSocket::bind("198.18.0.66:40000").unwrap();
+                for dst in ["198.18.0.1:8472", "198.18.0.2:8472"] {
+                    s.send_to(&vxlan, dst).unwrap();
+                }
+            })
+            .unwrap();
+    };
+    let dropped = |n: &weft_tests::weft_cluster::WeftNode| -> f64 {
+        let (_, body) = http_get(&n.node.ns, n.node.ip, 9090, "/metrics").unwrap();
         body.lines()
             .find(|l| l.starts_with("weft_dataplane_packets_total{reason=\"drop_unknown_vtep\"}"))
-            .filter(|l| !l.ends_with(" 0"))
-            .map(str::to_string)
-    });
-    println!("{counted}");
-    assert!(
-        !c.nodes[1].agent.log().contains("dropped ("),
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let traced = |n: &weft_tests::weft_cluster::WeftNode, to: &str| {
+        let line = format!("dropped (drop_unknown_vtep): 198.18.0.66 -> {to}");
+        n.agent.log().matches(&line).count()
+    };
+    // Sends one packet to each node and waits until both counted it.
+    let send_counted = |c: &WeftCluster| {
+        let before: Vec<f64> = c.nodes.iter().map(dropped).collect();
+        send();
+        for (n, b) in c.nodes.iter().zip(before) {
+            eventually("the node counts the drop", T, || {
+                (dropped(n) > b).then_some(())
+            });
+        }
+    };
+    send_counted(&c);
+    let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
+    n1.agent
+        .wait_log("dropped (drop_unknown_vtep): 198.18.0.66 -> 198.18.0.1", T)
+        .unwrap();
+    assert_eq!(
+        traced(n2, "198.18.0.2"),
+        0,
         "no trace without --trace-drops"
     );
-    // Every program loads with the trace on: a restart's self-test loads
-    // them all, as the installed generation does.
+
+    // Switched at run time: on for node 2, off for node 1.
+    let switch = |n: &weft_tests::weft_cluster::WeftNode, how: &str| {
+        let state = n.agent.state_dir();
+        let (ok, out, err) =
+            weft_tests::agent::weft(&["trace-drops", how, "--state-dir", state.to_str().unwrap()]);
+        assert!(ok, "weft trace-drops {how}: {err}");
+        assert!(out.contains(&format!("drop trace is {how}")), "{out}");
+    };
+    switch(n2, "on");
+    switch(n1, "off");
+    n2.agent.wait_log("the drop trace is switched", T).unwrap();
+    n1.agent.wait_log("the drop trace is switched", T).unwrap();
+    let status = n2.weft(&["status"]).unwrap();
+    assert!(status.contains("drop trace: on"), "{status}");
+    let status = n1.weft(&["status"]).unwrap();
+    assert!(!status.contains("drop trace: on"), "{status}");
+    let was = traced(n1, "198.18.0.1");
+    send_counted(&c);
+    n2.agent
+        .wait_log("dropped (drop_unknown_vtep): 198.18.0.66 -> 198.18.0.2", T)
+        .unwrap();
+    // The ring buffer is read as soon as it is readable: a record node 1
+    // still logged would be there by the time node 2's is.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(traced(n1, "198.18.0.1"), was, "no trace once switched off");
+    let bad = weft_tests::agent::weft(&[
+        "trace-drops",
+        "maybe",
+        "--state-dir",
+        n1.agent.state_dir().to_str().unwrap(),
+    ]);
+    assert!(!bad.0, "only on or off");
+
+    // Every program loads with the trace's records: a restart's self-test
+    // loads them all, as the installed generation does.
     let n1 = &mut c.nodes[0];
     n1.agent.restart().unwrap();
     n1.wait_dataplane_up(T);

@@ -116,6 +116,7 @@ struct Agent {
 
 pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
+    crate::dataplane::trace::init(args.trace_drops);
     let opts = args.etcd.options();
     opts.validate()?;
     // A kernel the dataplane cannot run on is refused before anything is
@@ -385,6 +386,14 @@ impl Agent {
                 () = async { tokio::time::sleep_until(heal_at.expect("guarded")).await }, if heal_at.is_some() => {
                     heal_at = None;
                     self.heal().await;
+                    self.report();
+                }
+                () = crate::dataplane::trace::changed() => {
+                    let on = crate::dataplane::trace::on();
+                    match self.dataplane.write_config() {
+                        Ok(()) => tracing::info!(on, "the drop trace is switched"),
+                        Err(e) => tracing::warn!(on, error = %format!("{e:#}"), "cannot switch the drop trace in the programs' config"),
+                    }
                     self.report();
                 }
                 Some(done) = listener.next() => {

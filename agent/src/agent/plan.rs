@@ -223,7 +223,6 @@ impl NodePlan {
                 vtep6_mac,
                 xdp_mode: args.xdp_mode,
                 pins: PinDir::new(&args.pins.bpffs_dir),
-                trace_drops: args.trace_drops,
                 max_peers: args.max_peers,
                 fault: args
                     .inject_fault

@@ -151,6 +151,7 @@ impl Agent {
                 why: d.why,
             }),
             masquerade: self.ip_masq,
+            trace_drops: crate::dataplane::trace::on(),
             mtu: self.dataplane.mtu(),
             conflict: self
                 .holder

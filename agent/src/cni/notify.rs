@@ -157,6 +157,18 @@ impl Listener {
                         let _ = s.write_all(a.as_bytes()).await;
                         return;
                     }
+                    if let Some(how) = line.strip_prefix(b"trace-drops ") {
+                        let a = match how {
+                            b"on" | b"off" => {
+                                let on = how == b"on";
+                                crate::dataplane::trace::set(on);
+                                format!("trace-drops {}\n", if on { "on" } else { "off" })
+                            }
+                            _ => "error: on or off\n".to_string(),
+                        };
+                        let _ = s.write_all(a.as_bytes()).await;
+                        return;
+                    }
                     if let Some(filter) = line.strip_prefix(b"log ") {
                         let a = match std::str::from_utf8(filter)
                             .map_err(|_| "the filter is not UTF-8".to_string())

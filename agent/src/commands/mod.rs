@@ -16,6 +16,7 @@ mod selftest;
 mod status;
 mod status_wireguard;
 mod teardown;
+mod trace_drops;
 
 pub(crate) use bundle::bundle;
 pub(crate) use counters::counters;
@@ -29,6 +30,7 @@ pub(crate) use rollback::rollback;
 pub(crate) use selftest::selftest;
 pub(crate) use status::status;
 pub(crate) use teardown::teardown;
+pub(crate) use trace_drops::trace_drops;
 
 /// Text from etcd (keys, node ids, backend types, errors quoting them), fit
 /// for an operator's terminal: control characters (terminal escapes among

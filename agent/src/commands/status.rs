@@ -180,6 +180,9 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
                 "off"
             }
         );
+        if r.trace_drops {
+            println!("  drop trace: on (every drop in the agent's log; `weft trace-drops off`)");
+        }
         if let Some(m) = r.mtu {
             println!("  overlay MTU: {m}");
         }

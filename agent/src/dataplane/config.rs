@@ -3,13 +3,15 @@
 //! routing runs. The backends add their devices and families.
 
 use dataplane_common::{
-    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_READY, CONFIG_F_SOURCE_CHECK, DataplaneConfig,
+    CONFIG_F_BYPASS, CONFIG_F_CT_GATE, CONFIG_F_READY, CONFIG_F_SOURCE_CHECK, CONFIG_F_TRACE_DROPS,
+    DataplaneConfig,
 };
 
-use super::{conntrack, types::HostRouting};
+use super::{conntrack, trace, types::HostRouting};
 use crate::lease::Subnets;
 
-/// The config's common part (flags: ready, and host routing's).
+/// The config's common part (flags: ready, host routing's, the drop
+/// trace's).
 pub(crate) fn node_config(
     subnets: &Subnets,
     host_routing: HostRouting,
@@ -32,6 +34,7 @@ pub(crate) fn node_config(
         ct_udp_unreplied_ms: ct.udp_unreplied_ms,
         ct_udp_unreplied_refresh_jiffies: ct.udp_unreplied_jiffies,
         flags: CONFIG_F_READY
+            | if trace::on() { CONFIG_F_TRACE_DROPS } else { 0 }
             | match host_routing {
                 HostRouting::Legacy => 0,
                 HostRouting::Bpf => CONFIG_F_BYPASS,

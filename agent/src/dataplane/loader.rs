@@ -142,9 +142,6 @@ fn aya_mode(mode: XdpMode) -> AyaXdpMode {
 /// How to load the object.
 #[derive(Clone, Copy, Debug)]
 pub struct LoadOptions {
-    /// Log every drop (aya-log's level is a constant of the loaded object:
-    /// off, the verifier removes the logging code).
-    pub trace_drops: bool,
     /// Capacity of the peer maps.
     pub max_peers: u32,
     /// A fault put into the programs on purpose (`dataplane_common::FAULT_*`;
@@ -158,7 +155,6 @@ impl LoadOptions {
     /// The defaults, for the kernel `kernel` says this is.
     pub fn for_kernel(kernel: ProgramKernel) -> Self {
         Self {
-            trace_drops: false,
             max_peers: dataplane_common::MAX_PEERS,
             fault: dataplane_common::FAULT_NONE,
             kernel,
@@ -218,7 +214,6 @@ pub struct Loaded {
     active: Generation,
     pins: PinDir,
     replaced: Vec<Replaced>,
-    trace_drops: bool,
     conntrack: bool,
     /// The XDP program is part of this load (the kernel has XDP for it).
     xdp: bool,
@@ -234,11 +229,9 @@ impl Loaded {
     pub fn load(pins: &PinDir, opts: &LoadOptions) -> Result<Self> {
         pins.ensure()?;
         let replaced = check_pins(pins, opts)?;
-        let level = if opts.trace_drops {
-            aya_log::Level::Warn as u8
-        } else {
-            0u8
-        };
+        // The drop trace's records are always compiled in; the config's
+        // CONFIG_F_TRACE_DROPS says at run time whether a drop is logged.
+        let level = aya_log::Level::Warn as u8;
         // The conntrack kfuncs, resolved against this kernel where its
         // probe found them (else stubbed: then no flow passes the gate;
         // the agent said so once at start).
@@ -304,7 +297,6 @@ impl Loaded {
             active: Generation::new(),
             pins: pins.clone(),
             replaced,
-            trace_drops: opts.trace_drops,
             conntrack: btf.is_some(),
             xdp,
         })
@@ -371,11 +363,6 @@ impl Loaded {
                 .contains_key(dataplane_common::program_names::DECAP_XDP)
     }
 
-    /// Whether the programs were loaded to log their drops.
-    pub(crate) fn traces_drops(&self) -> bool {
-        self.trace_drops
-    }
-
     /// Whether `a`'s program, as loaded here, is still attached where `a`
     /// says (a device deleted, or a link unpinned or detached, detaches it).
     pub(crate) fn is_attached(&self, a: &Attachment) -> Result<bool> {
@@ -413,7 +400,7 @@ impl Loaded {
     /// owns the buffer, so the loaded object may be dropped after this.
     pub(crate) fn drop_logger(&mut self) -> Result<aya_log::EbpfLogger<&'static dyn log::Log>> {
         aya_log::EbpfLogger::init(&mut self.ebpf)
-            .context("opening the eBPF programs' log buffer for --trace-drops")
+            .context("opening the eBPF programs' log buffer for the drop trace")
     }
 
     /// Attaches the XDP program `program` to `iface`. Modes are tried in the

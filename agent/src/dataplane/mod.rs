@@ -32,7 +32,7 @@ mod overlay;
 pub(crate) mod selftest;
 mod sysctl;
 mod teardown;
-mod trace;
+pub(crate) mod trace;
 mod types;
 pub mod wireguard;
 
@@ -367,6 +367,17 @@ impl Dataplane {
             && let Err(e) = o.release_port().await
         {
             tracing::warn!(error = %format!("{e:#}"), "cannot set the receive device down");
+        }
+    }
+
+    /// Writes the programs' config again: the drop trace was switched.
+    pub(crate) fn write_config(&mut self) -> Result<()> {
+        match &mut self.kind {
+            Kind::Ebpf {
+                overlay: Some(o), ..
+            } => o.write_config(),
+            Kind::Wireguard { wg: Some(w), .. } => w.write_config(),
+            _ => Ok(()),
         }
     }
 

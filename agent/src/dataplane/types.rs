@@ -189,8 +189,6 @@ pub struct DataplaneSpec {
     pub vtep6_mac: MacAddr,
     pub xdp_mode: XdpMode,
     pub pins: PinDir,
-    /// Log every dropped packet (reason and addresses) to the agent's log.
-    pub trace_drops: bool,
     /// Capacity of the peer maps.
     pub max_peers: u32,
     /// A fault put into the programs on purpose (`--inject-fault`, for

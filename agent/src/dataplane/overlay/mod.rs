@@ -286,7 +286,8 @@ impl Overlay {
         }
     }
 
-    fn write_config(&mut self) -> Result<()> {
+    /// Writes the programs' config (also when the drop trace is switched).
+    pub(crate) fn write_config(&mut self) -> Result<()> {
         let c = programs::config(
             &self.spec,
             &self.subnets,

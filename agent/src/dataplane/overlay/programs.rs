@@ -112,7 +112,6 @@ impl Programs {
     /// verifier still checks them as it loads them).
     pub(super) fn load(spec: &DataplaneSpec, adopting: bool) -> Result<(Self, Vec<Replaced>)> {
         let opts = LoadOptions {
-            trace_drops: spec.trace_drops,
             max_peers: spec.max_peers,
             fault: spec.fault,
             kernel: spec.kernel,
@@ -234,13 +233,12 @@ impl Programs {
         }
     }
 
-    /// Starts forwarding the drop trace to the log, if it was asked for.
+    /// Starts forwarding the drop trace to the log (whether the programs
+    /// log drops is the config's, switched at run time).
     pub(super) fn start_trace(&mut self) -> Result<()> {
-        if self.loaded.traces_drops() {
-            let loaded = &mut self.loaded;
-            let logger = off_runtime(move || loaded.drop_logger())?;
-            self.trace = Some(trace::DropTrace::start(logger)?);
-        }
+        let loaded = &mut self.loaded;
+        let logger = off_runtime(move || loaded.drop_logger())?;
+        self.trace = Some(trace::DropTrace::start(logger)?);
         Ok(())
     }
 

@@ -59,6 +59,8 @@ pub(crate) struct FastPath {
     /// Marks fast-path TCP flows liberal in conntrack (`auto`).
     _marker: Option<conntrack::Marker>,
     liberal: Arc<conntrack::LiberalStats>,
+    /// Forwards the drop trace to the log.
+    _trace: Option<crate::dataplane::trace::DropTrace>,
 }
 
 impl FastPath {
@@ -79,10 +81,11 @@ impl FastPath {
             ..LoadOptions::for_kernel(kernel)
         };
         let p = pins.clone();
-        let loaded = off_runtime(move || -> Result<Loaded> {
+        let (loaded, logger) = off_runtime(move || -> Result<_> {
             let mut l = Loaded::load(&p, &opts)?;
             l.install()?;
-            Ok(l)
+            let logger = l.drop_logger()?;
+            Ok((l, logger))
         })?;
         pins.announce(state_dir)?;
         let maps = PeerMaps::open(pins)?;
@@ -99,6 +102,7 @@ impl FastPath {
             peers,
             _marker: None,
             liberal: Arc::default(),
+            _trace: Some(crate::dataplane::trace::DropTrace::start(logger)?),
         };
         f.write_config(subnets, devices)?;
         for d in devices {

@@ -409,6 +409,15 @@ impl WgOverlay {
             .collect()
     }
 
+    /// Writes the programs' config again (the drop trace was switched).
+    pub(crate) fn write_config(&mut self) -> Result<()> {
+        let (devices, subnets) = (self.fast_devices(), self.subnets);
+        match &mut self.fast {
+            Some(f) => f.write_config(&subnets, &devices),
+            None => Ok(()),
+        }
+    }
+
     /// Our subnets moved: the devices' addresses follow.
     pub(crate) async fn set_subnet(&mut self, subnets: Subnets) -> Result<()> {
         self.subnets = subnets;
