@@ -53,6 +53,29 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List this node's pods as host routing knows them: each address,
+    /// its Kubernetes pod (from the runtime's CNI_ARGS), container, device,
+    /// who attached it (Weft's plugin, or the runtime's CNI cache: a pod
+    /// flannel's plugin attached) and whether it is in the endpoint map.
+    Endpoints {
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        pins: PinArgs,
+        /// Where host-local records the addresses it gives pods.
+        #[arg(
+            long,
+            env = "WEFT_CNI_IPAM_DIR",
+            default_value = "/var/lib/cni/networks"
+        )]
+        cni_ipam_dir: PathBuf,
+        /// libcni's cache directory (the container runtime's).
+        #[arg(long, env = "WEFT_CNI_CACHE_DIR", default_value = crate::cni::DEFAULT_CACHE_DIR)]
+        cni_cache_dir: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the dataplane's packet counters.
     Counters {
         #[command(flatten)]

@@ -129,6 +129,19 @@ pub fn main() -> ExitCode {
                 output,
             } => commands::bundle(&node, &cni_conf_dir, output.as_deref()).await,
             Command::LogLevel { filter, state } => commands::log_level(&state.state_dir, &filter),
+            Command::Endpoints {
+                state,
+                pins,
+                cni_ipam_dir,
+                cni_cache_dir,
+                json,
+            } => commands::endpoints(
+                &state.state_dir,
+                &pins.bpffs_dir,
+                &cni_ipam_dir,
+                &cni_cache_dir,
+                json,
+            ),
             Command::TraceDrops { switch, state } => {
                 commands::trace_drops(&state.state_dir, switch == cli::OnOff::On)
             }

@@ -70,6 +70,49 @@ fn runtime(n: &DualNode) -> Containerd {
     c
 }
 
+/// `weft endpoints --json` on a node: address -> (pod, attached by,
+/// programmed).
+fn listed(
+    node: &weft_tests::cluster::Node,
+    agent: &weft_tests::agent::Agent,
+    pins: &TestPins,
+) -> std::collections::BTreeMap<IpAddr, (String, String, bool)> {
+    let out = node
+        .ns
+        .exec(
+            weft_tests::agent::weft_bin().to_str().unwrap(),
+            &[
+                "endpoints",
+                "--json",
+                "--state-dir",
+                agent.state_dir().to_str().unwrap(),
+                "--bpffs-dir",
+                pins.path().to_str().unwrap(),
+                "--cni-ipam-dir",
+                node.ipam_dir.to_str().unwrap(),
+                "--cni-cache-dir",
+                node.cni_cache_dir.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["address"].as_str().unwrap().parse().unwrap(),
+                (
+                    e["pod"].as_str().unwrap_or("-").to_string(),
+                    e["attached_by"].as_str().unwrap().to_string(),
+                    e["programmed"].as_bool().unwrap(),
+                ),
+            )
+        })
+        .collect()
+}
+
 fn endpoints(n: &DualNode) -> BTreeSet<IpAddr> {
     EndpointMap::open(n.pins.pins())
         .unwrap()
@@ -221,6 +264,33 @@ fn pods_made_through_cri_reach_each_other_across_nodes() {
                 .all(|p| p.ips.iter().all(|ip| e.contains(ip)))
                 .then_some(())
         });
+        // `weft endpoints` names each address's pod as the kubelet's
+        // runtime passed it (K8S_POD_NAMESPACE and K8S_POD_NAME).
+        let table = n.node.ns.exec(
+            weft_tests::agent::weft_bin().to_str().unwrap(),
+            &[
+                "endpoints",
+                "--state-dir",
+                n.agent.state_dir().to_str().unwrap(),
+                "--bpffs-dir",
+                n.pins.path().to_str().unwrap(),
+                "--cni-ipam-dir",
+                n.node.ipam_dir.to_str().unwrap(),
+                "--cni-cache-dir",
+                n.node.cni_cache_dir.to_str().unwrap(),
+            ],
+        );
+        println!("{}", table.unwrap());
+        let list = listed(&n.node, &n.agent, &n.pins);
+        for p in ps {
+            for ip in &p.ips {
+                assert_eq!(
+                    list.get(ip),
+                    Some(&(format!("default/{}", p.name), "plugin".to_string(), true)),
+                    "{ip} in {list:?}"
+                );
+            }
+        }
     }
 
     // Every pod reaches every pod on the other node, both families, and the
@@ -493,6 +563,18 @@ fn sandboxes_on_flannels_chain_are_adopted_from_containerds_cache() {
                 .collect();
             e.contains(&p.ip(false).unwrap()).then_some(())
         });
+    }
+    for (n, p) in c.nodes.iter().zip(&pods) {
+        let list = listed(&n.node, &n.agent, &n.pins);
+        assert_eq!(
+            list.get(&p.ip(false).unwrap()),
+            Some(&(
+                "default/flannel-era".to_string(),
+                "runtime cache".to_string(),
+                true
+            )),
+            "{list:?}"
+        );
     }
     fast_path((&c.nodes[0].pins, &pods[0]), (&c.nodes[1].pins, &pods[1]));
     for (r, p) in runtimes.iter().zip(&pods) {

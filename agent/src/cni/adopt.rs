@@ -141,6 +141,14 @@ fn adopt(path: &PathBuf, ipam_dir: &Path) -> Result<Option<Record>, String> {
         return Ok(None);
     };
     host_local_agrees(ipam_dir, &r)?;
+    // libcni keeps the runtime's CNI_ARGS as `[[key, value], ...]`.
+    r.pod = super::record::Pod::from_args(
+        v["cniArgs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|kv| Some((kv.get(0)?.as_str()?, kv.get(1)?.as_str()?))),
+    );
     // When the runtime wrote the entry, not when it was read: of two
     // attachments with one address the newer wins, and reading again
     // changes nothing.
@@ -198,6 +206,7 @@ mod tests {
             added_ns,
             delegate: None,
             netkit: false,
+            pod: None,
         }
     }
 

@@ -95,6 +95,7 @@ fn release(conf: &NetConf, env: &Env, rec: &Record) -> Result<(), CniError> {
         netns: rec.netns.clone(),
         ifname: rec.ifname.clone(),
         path: env.path.clone(),
+        pod: rec.pod.clone(),
     };
     let owner = rec.owner();
     match (&rec.delegate, rec.netkit) {

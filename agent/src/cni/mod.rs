@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 
 pub(crate) use adopt::{DEFAULT_CACHE_DIR, adopted};
 pub(crate) use notify::{Listener, ask as ask_agent, ask_raw as ask_agent_raw, remove_socket};
-pub(crate) use record::{forget, records};
+pub(crate) use record::{Record as EndpointRecord, forget, records};
 
 use self::record::Record;
 
@@ -82,6 +82,8 @@ struct Env {
     netns: String,
     ifname: String,
     path: Vec<String>,
+    /// The Kubernetes pod CNI_ARGS names, if any.
+    pod: Option<record::Pod>,
 }
 
 fn env_var(name: &str) -> String {
@@ -99,6 +101,7 @@ fn env() -> Result<Env, CniError> {
             .filter(|p| !p.is_empty())
             .map(str::to_string)
             .collect(),
+        pod: record::Pod::from_cni_args(&env_var("CNI_ARGS")),
     };
     // STATUS and GC concern the network, not one attachment: libcni sets
     // no container, netns or interface for them.
@@ -205,7 +208,7 @@ fn add(conf: &NetConf, env: &Env) -> Result<String, CniError> {
     // gets the network's.
     let mut result = result;
     result["cniVersion"] = serde_json::json!(conf.cni_version);
-    let rec = Record::from_result(
+    let mut rec = Record::from_result(
         &conf.name,
         &conf.bridge,
         env.container_id.clone(),
@@ -214,6 +217,7 @@ fn add(conf: &NetConf, env: &Env) -> Result<String, CniError> {
         &result,
         delegate,
     )?;
+    rec.pod = env.pod.clone();
     record::write(&conf.state_dir, &rec)?;
     fastpath::program(&conf.state_dir, &rec);
     notify::agent(&conf.state_dir);

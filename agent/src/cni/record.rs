@@ -39,6 +39,71 @@ pub(crate) struct Record {
     /// The pod's device is a netkit pair the plugin made (DEL removes it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) netkit: bool,
+    /// The Kubernetes pod, as the runtime named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pod: Option<Pod>,
+}
+
+/// The Kubernetes pod an attachment is for, as the runtime names it in
+/// CNI_ARGS (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`, `K8S_POD_UID`; the
+/// kubelet's runtimes pass them): shown to operators (`weft endpoints`),
+/// never used to decide anything.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Pod {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) uid: String,
+}
+
+impl Pod {
+    /// From CNI_ARGS' `key=value` pairs: none unless a namespace and a name
+    /// are there and look like Kubernetes names (anything else is ignored,
+    /// not an error: the runtime's arguments are informational here).
+    pub(crate) fn from_args<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Option<Self> {
+        let (mut namespace, mut name, mut uid) = (None, None, String::new());
+        for (k, v) in pairs {
+            match k {
+                "K8S_POD_NAMESPACE" => namespace = Some(v),
+                "K8S_POD_NAME" => name = Some(v),
+                "K8S_POD_UID" if is_uid(v) => uid = v.to_string(),
+                _ => {}
+            }
+        }
+        let (namespace, name) = (namespace?, name?);
+        (is_k8s_name(namespace) && is_k8s_name(name)).then(|| Self {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid,
+        })
+    }
+
+    /// From the CNI_ARGS string (`IgnoreUnknown=1;K8S_POD_NAME=web-0;...`).
+    pub(crate) fn from_cni_args(args: &str) -> Option<Self> {
+        Self::from_args(args.split(';').filter_map(|kv| kv.split_once('=')))
+    }
+}
+
+impl std::fmt::Display for Pod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A Kubernetes object name (a DNS subdomain: lower-case letters, digits,
+/// `-` and `.`, at most 253).
+fn is_k8s_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+/// A pod UID (a UUID; at most 64 of hex digits and `-`).
+fn is_uid(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
 }
 
 /// The owner of an attachment: the container id and the interface name.
@@ -153,6 +218,7 @@ impl Record {
                 .unwrap_or_default(),
             delegate,
             netkit,
+            pod: None,
         })
     }
 
@@ -255,4 +321,52 @@ pub(crate) fn records(state_dir: &Path) -> Vec<Record> {
 /// Forgets the record of `owner` (its pod is gone).
 pub(crate) fn forget(state_dir: &Path, owner: &str) {
     let _ = std::fs::remove_file(path(state_dir, owner));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pod_comes_from_the_kubelets_cni_args() {
+        let p = Pod::from_cni_args(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-7d.x9;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=1f0c6f5e-2b7a-4c1e-9d55-0c3a1b2c3d4e",
+        )
+        .unwrap();
+        assert_eq!(p.to_string(), "kube-system/coredns-7d.x9");
+        assert_eq!(p.uid, "1f0c6f5e-2b7a-4c1e-9d55-0c3a1b2c3d4e");
+    }
+
+    #[test]
+    fn arguments_that_are_not_a_pods_name_are_ignored() {
+        for args in [
+            "",
+            "IgnoreUnknown=1",
+            "K8S_POD_NAME=web-0",
+            "K8S_POD_NAMESPACE=default",
+            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=Web",
+            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web 0",
+            "K8S_POD_NAMESPACE=de/fault;K8S_POD_NAME=web",
+            "K8S_POD_NAMESPACE=;K8S_POD_NAME=web",
+        ] {
+            assert_eq!(Pod::from_cni_args(args), None, "{args:?}");
+        }
+        let long = "a".repeat(254);
+        assert_eq!(
+            Pod::from_cni_args(&format!("K8S_POD_NAMESPACE=d;K8S_POD_NAME={long}")),
+            None
+        );
+        // A UID that is not one is left out; the pod stays.
+        let p =
+            Pod::from_cni_args("K8S_POD_NAMESPACE=d;K8S_POD_NAME=w;K8S_POD_UID=\x1b[31m").unwrap();
+        assert_eq!(p.uid, "");
+    }
+
+    #[test]
+    fn a_record_without_a_pod_reads_as_before() {
+        let old = r#"{"container_id":"c","ifname":"eth0","netns":"/n","network":"cbr0","ip":"10.244.1.2","pod_mac":"02:00:00:00:00:01","host_if":"veth1","host_ifindex":7,"gw_mac":"02:00:00:00:00:02","added_ns":1}"#;
+        let r: Record = serde_json::from_str(old).unwrap();
+        assert_eq!(r.pod, None);
+        assert!(!serde_json::to_string(&r).unwrap().contains("pod\""));
+    }
 }

@@ -33,6 +33,7 @@ pub(crate) async fn bundle(
         ("status", &["status", "--json"][..]),
         ("doctor", &["doctor", "--json"]),
         ("leases", &["leases", "--json"]),
+        ("endpoints", &["endpoints", "--json"]),
     ] {
         doc[part] = run(args, &env).await;
     }

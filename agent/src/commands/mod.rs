@@ -6,6 +6,7 @@
 mod bundle;
 mod counters;
 mod doctor;
+mod endpoints;
 mod install_cni;
 mod leases;
 mod log_level;
@@ -21,6 +22,7 @@ mod trace_drops;
 pub(crate) use bundle::bundle;
 pub(crate) use counters::counters;
 pub(crate) use doctor::{DoctorArgs, doctor};
+pub(crate) use endpoints::endpoints;
 pub(crate) use install_cni::{install_cni, uninstall_cni};
 pub(crate) use leases::leases;
 pub(crate) use log_level::log_level;
