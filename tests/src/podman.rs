@@ -90,10 +90,29 @@ conmon_env_vars = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin
         out
     }
 
+    /// Removes every container of this podman (a test that failed half-way
+    /// leaves them running) and what they mounted under its directory.
+    fn clean_up(&self) {
+        let _ = Command::new("nsenter")
+            .arg(format!("--net={}", self.netns.display()))
+            .args(["podman", "rm", "--all", "--force", "--time", "0"])
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .env("CONTAINERS_STORAGE_CONF", self.dir.join("storage.conf"))
+            .env("XDG_RUNTIME_DIR", self.dir.join("xdg"))
+            .output();
+        crate::proc::unmount_under(&self.dir);
+    }
+
     /// Runs `podman ARGS` and fails unless it succeeds; returns its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
         assert!(out.status.success(), "podman {args:?} failed");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        self.clean_up();
     }
 }

@@ -44,3 +44,24 @@ pub fn pids_with_arg(arg: &str) -> Vec<i32> {
         })
         .collect()
 }
+
+/// Unmounts (lazily) every mount at or below `dir`, deepest first: what a
+/// container runtime left there when a test failed half-way.
+pub fn unmount_under(dir: &std::path::Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut under: Vec<std::path::PathBuf> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(std::path::PathBuf::from)
+        .filter(|m| m.starts_with(dir))
+        .collect();
+    under.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for m in under {
+        if let Ok(c) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) {
+            // SAFETY: umount2(2) with a NUL-terminated path.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}

@@ -182,6 +182,15 @@ impl HostPaths {
     }
 }
 
+/// A failed test's node leaves nothing: what podman mounted there, then the
+/// directory.
+impl Drop for HostPaths {
+    fn drop(&mut self) {
+        weft_tests::proc::unmount_under(&self.root);
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
 fn rand_id() -> u128 {
     let mut b = [0u8; 16];
     std::fs::File::open("/dev/urandom")
@@ -627,5 +636,4 @@ fn the_image_as_a_node_agent() {
     drop(c);
     drop(node);
     drop(pins);
-    let _ = std::fs::remove_dir_all(&host.root);
 }
