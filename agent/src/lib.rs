@@ -30,6 +30,7 @@ pub mod mac;
 mod metrics;
 #[cfg(feature = "agent")]
 mod node;
+pub mod peer;
 #[cfg(feature = "agent")]
 mod pods;
 #[cfg(feature = "agent")]

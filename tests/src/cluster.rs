@@ -287,7 +287,7 @@ pub fn ping_df(from: &Netns, to: impl Into<IpAddr>, payload: u32, count: u32) ->
 /// Sets `node` up exactly as flannel's vxlan backend sets up a node:
 /// `flannel.1` (VNI 1, port 8472, no learning, MTU 1450) holding
 /// `<subnet>.0/32`, forwarding on. Returns flannel.1's MAC (its VtepMAC).
-pub fn flannel_device(node: &Node, subnet: crate::overlay::Subnet) -> Result<weft::mac::MacAddr> {
+pub fn flannel_device(node: &Node, subnet: ipnet::Ipv4Net) -> Result<weft::mac::MacAddr> {
     let ns = &node.ns;
     let ip = node.ip.to_string();
     ns.ip(&[
@@ -408,7 +408,7 @@ pub fn flannel_peer6(
 /// FDB `VtepMAC -> PublicIP`, route `<subnet> via <subnet>.0 onlink`.
 pub fn flannel_peer(
     node: &Node,
-    subnet: crate::overlay::Subnet,
+    subnet: ipnet::Ipv4Net,
     public_ip: Ipv4Addr,
     vtep_mac: weft::mac::MacAddr,
 ) -> Result<()> {

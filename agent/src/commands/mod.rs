@@ -15,7 +15,6 @@ mod reference;
 mod rollback;
 mod selftest;
 mod status;
-mod status_wireguard;
 mod teardown;
 mod trace_drops;
 

@@ -37,8 +37,8 @@ use dataplane_common::{LAYOUT_VERSION, program_names};
 
 use super::{
     bpffs::PinDir,
-    loader::{program_info, program_name},
     netkit,
+    program_ids::{program_info, program_name},
 };
 
 /// Every program of the object, by name; `true` for the XDP one.

@@ -33,16 +33,15 @@ use crate::sys::bpf::ProgType;
 use super::{
     bpffs::PinDir,
     generations::{self, Generation},
+    kernel::ProgramKernel,
     kfuncs::{self, KernelBtf},
     load_programs,
     netkit::{self, NetkitHook},
     netlink::Netlink,
+    object::OBJECT,
+    program_ids,
     types::XdpMode,
 };
-
-/// The eBPF object built from `dataplane-ebpf/` (see `build.rs`).
-pub(super) static OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/weft-dataplane"));
 
 /// Where a program is attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,13 +84,13 @@ pub(crate) fn pinned_program(
 ) -> Option<String> {
     let link = open_pinned_link(&link_pin_path(pins, hook, iface, ifindex)).ok()??;
     let id = link.info().ok()?.program_id();
-    pinned_program_name(pins, id).or_else(|| program_name(id))
+    pinned_program_name(pins, id).or_else(|| program_ids::program_name(id))
 }
 
 /// The name of the program with kernel id `id` among the generations
 /// pinned under `pins`. Reading a pinned program's info needs no privilege
 /// beyond the pin's file mode, where walking every loaded program
-/// ([`program_name`]) needs CAP_SYS_ADMIN, which the DaemonSet's agent
+/// ([`program_ids::program_name`]) needs CAP_SYS_ADMIN, which the DaemonSet's agent
 /// container (and `kubectl exec ... weft doctor` in it) does not have.
 fn pinned_program_name(pins: &PinDir, id: u32) -> Option<String> {
     [super::generations::CURRENT, super::generations::PREVIOUS]
@@ -104,18 +103,6 @@ fn pinned_program_name(pins: &PinDir, id: u32) -> Option<String> {
                 .find(|p| p.id() == id)
                 .and_then(|p| p.name_as_str().map(str::to_string))
         })
-}
-
-/// The loaded program with kernel id `id`.
-pub(crate) fn program_info(id: u32) -> Option<aya::programs::ProgramInfo> {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == id)
-}
-
-/// The name of the loaded program with kernel id `id`.
-pub(crate) fn program_name(id: u32) -> Option<String> {
-    program_info(id).and_then(|p| p.name_as_str().map(str::to_string))
 }
 
 /// The outcome of one attach.
@@ -159,37 +146,6 @@ impl LoadOptions {
             fault: dataplane_common::FAULT_NONE,
             kernel,
         }
-    }
-}
-
-/// What the running kernel lets the programs do, from its probes (see
-/// [`super::kernel`]): decided once when the agent starts, the same for
-/// every load and self-test.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProgramKernel {
-    /// XDP programs load (`weft_decap`).
-    pub xdp: bool,
-    /// XDP programs may call `bpf_xdp_adjust_meta` (the mark `weft_deliver`
-    /// knows XDP's frames by).
-    pub xdp_mark: bool,
-    /// The conntrack kfuncs, and how many bytes of options a lookup takes;
-    /// None: the calls are stubbed out (no flow passes the gate).
-    pub ct_opts_size: Option<u32>,
-}
-
-impl ProgramKernel {
-    pub(crate) fn of(k: &super::kernel::KernelFeatures) -> Self {
-        use super::kernel::names;
-        Self {
-            xdp: k.has(names::XDP),
-            xdp_mark: k.has(names::XDP_MARK),
-            ct_opts_size: k.has(names::CONNTRACK).then_some(k.ct_opts_size).flatten(),
-        }
-    }
-
-    /// This kernel, probed now (`weft selftest` and other one-off loads).
-    pub fn probe() -> Self {
-        Self::of(&super::kernel::KernelFeatures::probe(None, false))
     }
 }
 

@@ -9,9 +9,9 @@ use super::{
     bpffs::PinDir,
     generations, host,
     loader::{self, off_runtime},
+    names::{device_name, device6_name, receive_device_name},
     netfilter,
     netlink::Netlink,
-    overlay::{device_name, device6_name, receive_device_name},
 };
 
 /// Removes everything Weft created on this node: the programs (links), the

@@ -12,7 +12,8 @@ use dataplane_common::{VXLAN_OVERHEAD, VXLAN6_OVERHEAD};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::bpffs::PinDir;
-use crate::{lease::Subnets, mac::MacAddr, wgkey::WgKey};
+pub use crate::peer::{Peer, PeerUpdate};
+use crate::{lease::Subnets, mac::MacAddr};
 
 /// An address family, for what the dataplane does once per family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -74,55 +75,6 @@ impl Family {
             Family::V6 => subnets.v6.map(IpNet::V6),
         }
     }
-}
-
-/// One remote subnet and the VTEP that serves it: an IPv4 subnet behind an
-/// IPv4 VTEP, or an IPv6 subnet behind an IPv6 VTEP. Of the wireguard
-/// backend, the VTEP is the node's endpoint and `key` its public key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Peer {
-    pub subnet: IpNet,
-    pub vtep: IpAddr,
-    pub mac: MacAddr,
-    /// The node's WireGuard public key (the wireguard backend only).
-    pub key: Option<WgKey>,
-    /// The create revision of the lease it came from (0 where none): of
-    /// two leases of one node (a node whose address changed keeps its
-    /// old lease until it expires), the newer says where it is now.
-    pub since: i64,
-}
-
-impl Peer {
-    /// An IPv4 peer.
-    pub fn v4(subnet: Ipv4Net, vtep: Ipv4Addr, mac: MacAddr) -> Self {
-        Self {
-            subnet: IpNet::V4(subnet),
-            vtep: IpAddr::V4(vtep),
-            mac,
-            key: None,
-            since: 0,
-        }
-    }
-
-    /// An IPv6 peer.
-    pub fn v6(subnet: Ipv6Net, vtep: Ipv6Addr, mac: MacAddr) -> Self {
-        Self {
-            subnet: IpNet::V6(subnet),
-            vtep: IpAddr::V6(vtep),
-            mac,
-            key: None,
-            since: 0,
-        }
-    }
-}
-
-/// A change to the peer table.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PeerUpdate {
-    /// Install, or replace in place, the peer of this subnet.
-    Upsert(Peer),
-    /// Remove the peer of this subnet.
-    Remove(IpNet),
 }
 
 /// Where decapsulation runs.
@@ -218,7 +170,7 @@ pub struct DataplaneSpec {
     /// programs mark and limit per peer, routes carry each peer's MTU.
     pub path_mtu: bool,
     /// What the kernel lets the programs do (its probes at start).
-    pub kernel: super::loader::ProgramKernel,
+    pub kernel: super::kernel::ProgramKernel,
 }
 
 impl DataplaneSpec {

@@ -28,12 +28,13 @@ use std::{
 use anyhow::{Context as _, Result};
 use ipnet::IpNet;
 
-use crate::sys::icmp::{Pinger, Received};
+use crate::sys::{
+    echo_sweep::{DRAIN_MAX, PROBE_SIZE},
+    icmp::{Pinger, Received},
+};
 use path_mtu::PathMtus;
 use table::{State, Table};
 
-/// The probe's size on the wire, IP header included (a ping's default).
-const PROBE_SIZE: usize = 84;
 /// Upper bounds of the round-trip histogram, in seconds.
 const RTT_BUCKETS: [f64; 11] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -59,11 +60,6 @@ pub(crate) struct Settings {
     /// This node's IPv4 VTEP address: a hint must quote a packet from it.
     pub vtep: Option<std::net::Ipv4Addr>,
 }
-
-/// Messages one socket's queue is read for at most per pass: a flood of
-/// them (forged, or not) cannot hold the prober's thread, which sends and
-/// expires between passes whatever arrives.
-const DRAIN_MAX: usize = 64;
 
 /// The subnets among `known` that are not in `peers`: what a table
 /// forgets when the peer set becomes `peers`.
@@ -176,7 +172,7 @@ impl Prober {
 
     /// Peer changes, one by one (the full set comes with
     /// [`Prober::set_peers`] once the peer table is complete).
-    pub(crate) fn apply(&self, updates: &[crate::dataplane::PeerUpdate]) {
+    pub(crate) fn apply(&self, updates: &[crate::peer::PeerUpdate]) {
         let now = Instant::now();
         let mut t = self.shared.table.lock().expect("prober lock");
         let mut path = self
@@ -189,14 +185,14 @@ impl Prober {
         let mut gone = Vec::new();
         for u in updates {
             match u {
-                crate::dataplane::PeerUpdate::Upsert(p) => {
+                crate::peer::PeerUpdate::Upsert(p) => {
                     t.upsert(p.subnet, p.vtep, now);
                     if let Some(path) = &mut path {
                         path.remove_all(&std::mem::take(&mut gone));
                         path.upsert(p.subnet, p.vtep, now);
                     }
                 }
-                crate::dataplane::PeerUpdate::Remove(s) => {
+                crate::peer::PeerUpdate::Remove(s) => {
                     t.remove(s);
                     gone.push(*s);
                 }
@@ -662,69 +658,4 @@ impl HealthView {
         let _ = writeln!(o, "{name}_sum {}", h.sum);
         let _ = writeln!(o, "{name}_count {}", h.count);
     }
-}
-
-/// Probes each of `targets` once, all at once, and returns those that
-/// answered within `timeout` (the check around a program swap). Bounded
-/// by `timeout` whatever arrives: a socket of its own (a random id and
-/// nonce, so neither the prober's replies nor forged ones count), read
-/// a bounded number of messages at a time between polls.
-pub(crate) fn answering(targets: &[IpAddr], timeout: Duration) -> Vec<IpAddr> {
-    let mut pingers: [Option<Pinger>; 2] = [None, None];
-    let mut sent: Vec<(u16, IpAddr)> = Vec::new();
-    let first: u16 = rand::random();
-    for (i, t) in targets.iter().enumerate() {
-        let f = usize::from(t.is_ipv6());
-        if pingers[f].is_none() {
-            pingers[f] = Pinger::open(t.is_ipv6()).ok();
-        }
-        let seq = first.wrapping_add(i as u16);
-        if let Some(p) = &pingers[f]
-            && p.send(*t, seq, PROBE_SIZE).is_ok()
-        {
-            sent.push((seq, *t));
-        }
-    }
-    let deadline = Instant::now() + timeout;
-    let mut answered = Vec::new();
-    while answered.len() < sent.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        let mut fds: Vec<libc::pollfd> = pingers
-            .iter()
-            .flatten()
-            .map(|p| libc::pollfd {
-                fd: p.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        if fds.is_empty() {
-            break;
-        }
-        // SAFETY: fds is a valid array of pollfd for its length.
-        let n = unsafe {
-            libc::poll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                left.as_millis().clamp(1, 1000) as libc::c_int,
-            )
-        };
-        if n <= 0 {
-            continue;
-        }
-        for p in pingers.iter_mut().flatten() {
-            for r in p.drain(DRAIN_MAX).unwrap_or_default() {
-                if let Received::Echo(e) = r
-                    && sent.contains(&(e.seq, e.from))
-                    && !answered.contains(&e.from)
-                {
-                    answered.push(e.from);
-                }
-            }
-        }
-    }
-    answered
 }

@@ -3,28 +3,14 @@
 //! same thing to Weft.
 
 use serde_json::{Map, Value};
-use thiserror::Error;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
+pub use super::json::ConfigError;
+use super::json::{err, get_bool, get_str, get_u64};
 use super::key::Subnets;
 pub use super::pool::{Ipv4Pool, Ipv6Pool};
 use super::wireguard::{WIREGUARD_OVERHEAD, WireguardConfig};
-
-/// A config that cannot be used, naming the field at fault.
-#[derive(Debug, Error, PartialEq, Eq)]
-#[error("network config: {field}: {reason}")]
-pub struct ConfigError {
-    pub field: &'static str,
-    pub reason: String,
-}
-
-pub(super) fn err(field: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
-        field,
-        reason: reason.into(),
-    }
-}
 
 /// A validated network config (vxlan or wireguard backend; IPv4, IPv6 or
 /// both).
@@ -195,40 +181,6 @@ impl NetworkConfig {
             _ => false,
         };
         v4 && v6
-    }
-}
-
-pub(super) fn get_str<'a>(
-    obj: &'a Map<String, Value>,
-    key: &'static str,
-) -> Result<Option<&'a str>, ConfigError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(v) => Err(err(key, format!("must be a string, found {v}"))),
-    }
-}
-
-pub(super) fn get_u64(
-    obj: &Map<String, Value>,
-    key: &'static str,
-) -> Result<Option<u64>, ConfigError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| err(key, format!("must be a non-negative integer, found {n}"))),
-        Some(v) => Err(err(key, format!("must be a number, found {v}"))),
-    }
-}
-
-fn get_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, ConfigError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(err(key, format!("must be true or false, found {v}"))),
     }
 }
 

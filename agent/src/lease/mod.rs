@@ -22,9 +22,8 @@ mod config;
 #[cfg(feature = "agent")]
 mod etcd;
 #[cfg(feature = "agent")]
-mod etcd_streams;
-#[cfg(feature = "agent")]
 mod holder;
+mod json;
 #[cfg(feature = "agent")]
 mod keeper;
 mod key;

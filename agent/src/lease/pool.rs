@@ -17,7 +17,7 @@ use std::{
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::{Map, Value};
 
-use super::config::{ConfigError, err, get_str, get_u64};
+use super::json::{ConfigError, err, get_str, get_u64};
 
 /// An IP network type a pool can be made of: [`Ipv4Net`] or [`Ipv6Net`].
 pub trait Net: Copy + Eq + Hash + Ord + Debug + Display + FromStr + Send + Sync + 'static {

@@ -18,7 +18,7 @@ use super::{
     config::NetworkConfig,
     key::Subnets,
 };
-use crate::{dataplane::Peer, mac::MacAddr, wgkey::WgKey};
+use crate::{mac::MacAddr, peer::Peer, wgkey::WgKey};
 
 /// Why a lease is not programmed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

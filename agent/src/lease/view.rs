@@ -25,8 +25,8 @@ use super::{
     validate::{Rejection, check},
 };
 use crate::{
-    dataplane::{Peer, PeerUpdate},
     metrics::Metrics,
+    peer::{Peer, PeerUpdate},
 };
 
 /// Our lease is gone.

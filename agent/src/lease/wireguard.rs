@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::config::{ConfigError, err, get_str, get_u64};
+use super::json::{ConfigError, err, get_str, get_u64};
 use crate::wgkey::WgKey;
 
 /// What WireGuard adds to a packet: outer IPv4 (20; flannel counts 20 for

@@ -3,6 +3,7 @@
 //! SAFETY comment; callers see plain Rust types and `Result`s.
 
 pub(crate) mod bpf;
+pub(crate) mod echo_sweep;
 pub(crate) mod ethtool;
 pub(crate) mod fs;
 pub(crate) mod icmp;

@@ -15,6 +15,9 @@
 
 pub(crate) mod object;
 pub(crate) mod probe;
+mod program_kernel;
+
+pub use program_kernel::ProgramKernel;
 
 use std::{
     hash::{Hash as _, Hasher as _},
@@ -484,7 +487,7 @@ pub(crate) fn optional_names() -> Vec<&'static str> {
 /// What the object asks of the kernel, its kfunc calls stubbed out (those
 /// are probed on their own).
 fn stubbed_uses() -> anyhow::Result<object::Uses> {
-    let stubbed = super::kfuncs::resolve(super::loader::OBJECT, None)?;
+    let stubbed = super::kfuncs::resolve(super::object::OBJECT, None)?;
     object::uses(stubbed.bytes())
 }
 
@@ -495,7 +498,7 @@ fn identity() -> (String, String, String) {
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    super::loader::OBJECT.hash(&mut h);
+    super::object::OBJECT.hash(&mut h);
     let object = format!("{}-{:016x}", env!("CARGO_PKG_VERSION"), h.finish());
     (release, boot_id, object)
 }

@@ -137,7 +137,7 @@ mod tests {
 
     fn ours() -> Uses {
         let stubbed =
-            super::super::super::kfuncs::resolve(super::super::super::loader::OBJECT, None)
+            super::super::super::kfuncs::resolve(super::super::super::object::OBJECT, None)
                 .expect("the object's kfunc calls stubbed");
         uses(stubbed.bytes()).expect("the object read")
     }

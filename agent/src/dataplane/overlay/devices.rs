@@ -21,27 +21,12 @@ use ipnet::{IpNet, Ipv4Net};
 
 use super::super::{
     loader::{self, Hook, off_runtime},
+    names::{device_name, device6_name, receive_device_name},
     netlink::{Link, Netlink},
     sysctl,
     types::{DataplaneSpec, Family},
 };
 use crate::lease::Subnets;
-
-/// The overlay device's name for a VNI (flannel: `flannel.<VNI>`).
-pub(crate) fn device_name(vni: u32) -> String {
-    format!("weft.{vni}")
-}
-
-/// The IPv6 overlay device's name for a VNI (flannel: `flannel-v6.<VNI>`).
-pub(crate) fn device6_name(vni: u32) -> String {
-    format!("weft-v6.{vni}")
-}
-
-/// The receive device of a node without IPv6 (with IPv6, the IPv6 device
-/// receives for both families).
-pub(crate) fn receive_device_name(vni: u32) -> String {
-    format!("weft-rx.{vni}")
-}
 
 /// The other end of the IPv4 overlay device's veth pair.
 pub(crate) fn device_peer_name(vni: u32) -> String {

@@ -34,7 +34,6 @@ use std::{
 use anyhow::Result;
 use ipnet::IpNet;
 
-pub(crate) use devices::{device_name, device6_name, receive_device_name};
 pub use peers::{Problem, ProblemKind};
 
 use self::{

@@ -11,7 +11,8 @@ use dataplane_common::{
 use super::super::{
     bpffs::PinDir,
     config, generations,
-    loader::{self, Attachment, Hook, LoadOptions, Loaded, ProgramKernel, Replaced, off_runtime},
+    kernel::ProgramKernel,
+    loader::{self, Attachment, Hook, LoadOptions, Loaded, Replaced, off_runtime},
     maps::PeerMaps,
     netlink::Link,
     selftest, trace,

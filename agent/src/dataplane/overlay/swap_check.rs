@@ -10,7 +10,7 @@
 
 use std::{net::IpAddr, time::Duration, time::Instant};
 
-use crate::health;
+use crate::sys::echo_sweep;
 
 use super::super::types::Peer;
 
@@ -38,7 +38,7 @@ pub(super) fn before<'a>(peers: impl Iterator<Item = &'a Peer>) -> Vec<IpAddr> {
     if targets.is_empty() {
         return targets;
     }
-    health::answering(&targets, TIMEOUT)
+    echo_sweep::answering(&targets, TIMEOUT)
 }
 
 /// The check where nothing answered before: of the sampled peers, those
@@ -51,7 +51,7 @@ pub(crate) fn reach(targets: &[(IpAddr, IpAddr)]) -> Result<usize, String> {
         return Ok(0);
     }
     let vteps: Vec<IpAddr> = targets.iter().map(|(_, v)| *v).collect();
-    let up = health::answering(&vteps, TIMEOUT);
+    let up = echo_sweep::answering(&vteps, TIMEOUT);
     let overlay: Vec<IpAddr> = targets
         .iter()
         .filter(|(_, v)| up.contains(v))
@@ -71,7 +71,7 @@ pub(crate) fn after(before: &[IpAddr], grace: Duration) -> Result<usize, String>
             .filter(|t| !seen.contains(t))
             .copied()
             .collect();
-        seen.extend(health::answering(&left, TIMEOUT));
+        seen.extend(echo_sweep::answering(&left, TIMEOUT));
         if seen.len() * 2 >= before.len() {
             return Ok(seen.len());
         }

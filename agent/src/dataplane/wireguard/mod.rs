@@ -68,7 +68,7 @@ pub struct WgSpec {
     pub pins: PinDir,
     pub max_peers: u32,
     /// What the kernel lets the programs do (its probes at start).
-    pub kernel: super::loader::ProgramKernel,
+    pub kernel: super::kernel::ProgramKernel,
 }
 
 /// One device and the families it carries.

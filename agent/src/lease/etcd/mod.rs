@@ -24,6 +24,8 @@ use etcd_client::{
 
 use super::store::{Compare, KeyValue, Listing, Op, Store, StoreError, TxnOutcome};
 
+mod streams;
+
 /// How to reach etcd (flanneld's flags).
 #[derive(Clone, Debug, Default)]
 pub struct EtcdOptions {
@@ -486,8 +488,8 @@ pub(crate) fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
 }
 
 impl Store for EtcdStore {
-    type Watch = super::etcd_streams::EtcdWatch;
-    type KeepAlive = super::etcd_streams::EtcdKeepAlive;
+    type Watch = streams::EtcdWatch;
+    type KeepAlive = streams::EtcdKeepAlive;
 
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
         self.list_pages(prefix, None).await

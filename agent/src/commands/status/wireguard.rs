@@ -113,7 +113,7 @@ pub(crate) fn print(
             println!("  probe      {} via {}: {}", h.subnet, h.vtep, h.state);
         }
         if let Some(k) = &r.kernel {
-            super::status::print_kernel(k);
+            super::print_kernel(k);
         }
     }
     Ok(())

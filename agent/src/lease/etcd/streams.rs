@@ -5,8 +5,8 @@
 use etcd_client::{EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 
 use super::{
-    etcd::{EtcdStore, store_error, to_kv},
-    store::{KeepAlive, StoreError, WatchEvent, WatchResponse, WatchStream},
+    super::store::{KeepAlive, StoreError, WatchEvent, WatchResponse, WatchStream},
+    EtcdStore, store_error, to_kv,
 };
 
 pub struct EtcdWatch {

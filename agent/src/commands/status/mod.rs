@@ -20,6 +20,8 @@ use crate::{
     report,
 };
 
+mod wireguard;
+
 pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
     let (pins, state, etcd) = (&node.pins, &node.state, &node.etcd);
     let subnet_path: &Path = &node.subnet_file;
@@ -32,13 +34,13 @@ pub(crate) async fn status(node: &NodeArgs, json_out: bool) -> Result<()> {
         .map(|c| c.flags & dataplane_common::CONFIG_F_WIREGUARD != 0);
     if !wireguard.is_empty() && !matches!(wg_maps, Ok(false)) {
         let fast = match wg_maps {
-            Ok(_) => Some(super::status_wireguard::FastView {
+            Ok(_) => Some(wireguard::FastView {
                 counters: Counters::open(&dir)?.all()?,
                 endpoints: EndpointMap::open(&dir)?.all()?.len(),
             }),
             Err(_) => None,
         };
-        return super::status_wireguard::print(
+        return wireguard::print(
             &wireguard,
             fast,
             lease::read_subnet(&node.subnet_file).ok().flatten(),
