@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd::{cargo, run};
+use crate::process::{cargo, run};
 
 /// The static target.
 pub(crate) const TARGET: &str = "x86_64-unknown-linux-musl";

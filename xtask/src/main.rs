@@ -14,8 +14,11 @@
 //! - `image`: the container image (a static binary, from scratch) as an OCI archive
 
 mod cmd;
+mod cycles;
 mod docs;
 mod image;
+mod paths;
+mod process;
 mod setup;
 mod toolchain;
 mod vm;

@@ -10,7 +10,11 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd::run, toolchain};
+use crate::{
+    paths::{home, kubernetes_validate_bin, promtool_bin, venv_bin},
+    process::run,
+    toolchain,
+};
 
 /// Debian packages: the build (protoc and the protobuf well-known types for
 /// etcd-client), the tests (etcd, iproute2, tcpdump/tshark, scapy,
@@ -232,12 +236,6 @@ fn nightly_recorded() -> Result<String> {
     ))
 }
 
-pub(crate) fn home() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/root"))
-}
-
 /// bpf-linker links against the libLLVM that ships inside the nightly
 /// toolchain (same LLVM major as its rustc). Its binary looks for the library
 /// in `~/.cache/llvm<major>/lib` (its runpath), where we keep symlinks.
@@ -412,10 +410,6 @@ fn musl_target() -> Result<String> {
 /// virtualenv of its own; the tests run it from there.
 pub(crate) const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
-pub(crate) fn kubernetes_validate_bin() -> PathBuf {
-    venv_bin().join("kubernetes-validate")
-}
-
 fn kubernetes_validate() -> Result<String> {
     pip_package(
         "kubernetes-validate",
@@ -428,12 +422,6 @@ fn kubernetes_validate() -> Result<String> {
 /// (read-only) for the VM test runner; in the same virtualenv.
 pub(crate) const VIRTME_NG_VERSION: &str = "1.42";
 
-/// The virtualenv's bin directory (on PATH for virtme-ng, whose `vng`
-/// runs `virtme-run` from there).
-pub(crate) fn venv_bin() -> PathBuf {
-    home().join(".cache/weft/venv/bin")
-}
-
 fn virtme_ng() -> Result<String> {
     pip_package("virtme-ng", VIRTME_NG_VERSION, &venv_bin().join("vng"))
 }
@@ -441,10 +429,6 @@ fn virtme_ng() -> Result<String> {
 /// Prometheus's `promtool` (the tests check the agent's scrape with
 /// `promtool check metrics`): taken out of Debian's `prometheus` package
 /// rather than installing it, which would start a Prometheus server.
-pub(crate) fn promtool_bin() -> PathBuf {
-    home().join(".cache/weft/bin/promtool")
-}
-
 fn promtool() -> Result<String> {
     let bin = promtool_bin();
     if Command::new(&bin)

@@ -6,7 +6,7 @@ use std::{io::BufRead as _, path::PathBuf, process::Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd::cargo;
+use crate::process::cargo;
 
 /// A program the guest runs: a test target of the tests crate
 /// (`tests/tests/<name>.rs`), or the benchmarks.
@@ -144,7 +144,7 @@ pub(crate) fn bench(args: &[String]) -> Result<TestBinary> {
         "--bin",
         "weft-bench",
     ]);
-    crate::cmd::run(c)?;
+    crate::process::run(c)?;
     Ok(TestBinary {
         name: "bench".into(),
         executable: std::fs::canonicalize("target/release/weft-bench")?,

@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd::run;
+use crate::process::run;
 
 /// A kernel series the runner knows: how its Debian package is named.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +69,7 @@ pub(crate) struct Kernel {
 
 /// Where kernels are unpacked: one directory per package.
 fn cache() -> PathBuf {
-    crate::setup::home().join(".cache/weft/kernels")
+    crate::paths::home().join(".cache/weft/kernels")
 }
 
 /// The newest package of `series` that apt knows (by its number: the

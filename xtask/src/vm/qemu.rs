@@ -137,7 +137,7 @@ impl Boot<'_> {
     }
 
     fn command(&self, log: &std::fs::File) -> Result<Command> {
-        let mut c = Command::new(crate::setup::venv_bin().join("vng"));
+        let mut c = Command::new(crate::paths::venv_bin().join("vng"));
         c.arg("--run")
             .arg(&self.kernel.image)
             .args(["--user", "root"])
@@ -163,7 +163,7 @@ impl Boot<'_> {
         let path = std::env::var("PATH").unwrap_or_default();
         c.env(
             "PATH",
-            format!("{}:{path}", crate::setup::venv_bin().display()),
+            format!("{}:{path}", crate::paths::venv_bin().display()),
         )
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
