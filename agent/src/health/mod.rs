@@ -415,30 +415,17 @@ fn receive(
     path_pinger: &mut Option<Pinger>,
     wait: Duration,
 ) {
-    let mut fds: Vec<libc::pollfd> = pingers
+    let sockets = pingers
         .iter()
         .chain(std::iter::once(&*path_pinger))
-        .flatten()
-        .map(|p| libc::pollfd {
-            fd: p.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    if fds.is_empty() {
-        std::thread::sleep(wait);
-        return;
-    }
-    // SAFETY: fds is a valid array of pollfd for its length.
-    let n = unsafe {
-        libc::poll(
-            fds.as_mut_ptr(),
-            fds.len() as libc::nfds_t,
-            wait.as_millis().max(1) as libc::c_int,
-        )
-    };
-    if n <= 0 {
-        return;
+        .flatten();
+    match Pinger::any_readable(sockets, wait) {
+        None => {
+            std::thread::sleep(wait);
+            return;
+        }
+        Some(false) => return,
+        Some(true) => {}
     }
     if let (Some(p), Some(path)) = (path_pinger.as_mut(), &s.path) {
         let got = p.drain(DRAIN_MAX).unwrap_or_default();

@@ -45,28 +45,10 @@ pub(crate) fn answering(targets: &[IpAddr], timeout: Duration) -> Vec<IpAddr> {
         if left.is_zero() {
             break;
         }
-        let mut fds: Vec<libc::pollfd> = pingers
-            .iter()
-            .flatten()
-            .map(|p| libc::pollfd {
-                fd: p.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        if fds.is_empty() {
-            break;
-        }
-        // SAFETY: fds is a valid array of pollfd for its length.
-        let n = unsafe {
-            libc::poll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                left.as_millis().clamp(1, 1000) as libc::c_int,
-            )
-        };
-        if n <= 0 {
-            continue;
+        match Pinger::any_readable(pingers.iter().flatten(), left.min(Duration::from_secs(1))) {
+            None => break,
+            Some(false) => continue,
+            Some(true) => {}
         }
         for p in pingers.iter_mut().flatten() {
             for r in p.drain(DRAIN_MAX).unwrap_or_default() {

@@ -144,6 +144,33 @@ impl Pinger {
         self.sock.fd.as_raw_fd()
     }
 
+    /// Waits up to `wait` (at least a millisecond) until one of `pingers`
+    /// has something to read: whether one has; None when there are none.
+    pub(crate) fn any_readable<'a>(
+        pingers: impl Iterator<Item = &'a Pinger>,
+        wait: Duration,
+    ) -> Option<bool> {
+        let mut fds: Vec<libc::pollfd> = pingers
+            .map(|p| libc::pollfd {
+                fd: p.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        if fds.is_empty() {
+            return None;
+        }
+        // SAFETY: fds is a valid array of pollfd for its length.
+        let n = unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                wait.as_millis().clamp(1, i32::MAX as u128) as libc::c_int,
+            )
+        };
+        Some(n > 0)
+    }
+
     /// Sends one echo request of `size` bytes on the wire (IP header
     /// included) to `to`.
     pub(crate) fn send(&self, to: IpAddr, seq: u16, size: usize) -> Result<()> {
