@@ -33,6 +33,34 @@ pub(crate) use status::status;
 pub(crate) use teardown::teardown;
 pub(crate) use trace_drops::trace_drops;
 
+/// Asks the running agent, over its socket in `state_dir`, to carry out
+/// `line` (the `weft` command `command`); its answer, which `done` (the
+/// answer a current agent gives) or an error. `kept` says what an agent
+/// that refuses keeps; `restart` how to get the change from an agent too
+/// old to know the command (it takes any line for a CNI sync: `ok`).
+pub(crate) fn ask_running_agent(
+    state_dir: &std::path::Path,
+    line: &str,
+    done: &str,
+    (command, kept, restart): (&str, &str, &str),
+) -> anyhow::Result<()> {
+    use anyhow::{Context as _, bail};
+    let answer = crate::cni::ask_agent(state_dir, line).with_context(|| {
+        format!(
+            "no agent answers in {} (is it running, with this --state-dir?)",
+            state_dir.display()
+        )
+    })?;
+    match answer.strip_prefix("error: ") {
+        Some(why) => bail!("the agent kept its {kept}: {why}"),
+        None if answer == done => Ok(()),
+        None if answer == "ok" => {
+            bail!("the agent predates weft {command}: its {kept} is unchanged ({restart})")
+        }
+        None => bail!("the agent answered {answer:?}"),
+    }
+}
+
 /// Text from etcd (keys, node ids, backend types, errors quoting them), fit
 /// for an operator's terminal: control characters (terminal escapes among
 /// them) shown escaped, and at most [`SHOWN_MAX`] characters.
