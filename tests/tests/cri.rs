@@ -26,22 +26,33 @@ fn t() -> Duration {
     weft_tests::scaled(Duration::from_secs(30))
 }
 
-/// The network config `weft install-cni` writes (and the plugin it
-/// installs), with this node's paths: the tests' nodes share one host, so
-/// each agent's files are under a directory of its own.
-fn installed_network(dir: &Path, n: &DualNode) -> (Value, PathBuf) {
+/// `weft install-cni` into `dir/cni-bin` and `dir/cni-conf`, with the
+/// network config `conflist` (else its default): the network config it
+/// wrote and the plugins' directory.
+fn install_cni(dir: &Path, conflist: Option<&Path>) -> (Value, PathBuf) {
     let (bin, conf) = (dir.join("cni-bin"), dir.join("cni-conf"));
-    let (ok, _, err) = weft_tests::agent::weft(&[
+    let mut args = vec![
         "install-cni",
         "--bin-dir",
         bin.to_str().unwrap(),
         "--conf-dir",
         conf.to_str().unwrap(),
-    ]);
+    ];
+    if let Some(c) = conflist {
+        args.extend(["--conflist", c.to_str().unwrap()]);
+    }
+    let (ok, _, err) = weft_tests::agent::weft(&args);
     assert!(ok, "install-cni: {err}");
-    let mut v: Value =
-        serde_json::from_str(&std::fs::read_to_string(conf.join("10-weft.conflist")).unwrap())
-            .unwrap();
+    let v = serde_json::from_str(&std::fs::read_to_string(conf.join("10-weft.conflist")).unwrap())
+        .unwrap();
+    (v, bin)
+}
+
+/// The network config `weft install-cni` writes (and the plugin it
+/// installs), with this node's paths: the tests' nodes share one host, so
+/// each agent's files are under a directory of its own.
+fn installed_network(dir: &Path, n: &DualNode) -> (Value, PathBuf) {
+    let (mut v, bin) = install_cni(dir, None);
     let weft = v["plugins"]
         .as_array_mut()
         .unwrap()
@@ -113,13 +124,29 @@ fn listed(
         .collect()
 }
 
-fn endpoints(n: &DualNode) -> BTreeSet<IpAddr> {
-    EndpointMap::open(n.pins.pins())
+/// The addresses in a node's endpoint map.
+fn endpoints_at(pins: &TestPins) -> BTreeSet<IpAddr> {
+    EndpointMap::open(pins.pins())
         .unwrap()
         .all()
         .unwrap()
         .into_keys()
         .collect()
+}
+
+fn endpoints(n: &DualNode) -> BTreeSet<IpAddr> {
+    endpoints_at(&n.pins)
+}
+
+/// Waits until node `n` holds again what it held `before` (its pods are
+/// gone and nothing of them is left), and fails with the difference.
+fn holds_again(n: &DualNode, before: &Held) {
+    let mut now = held(n);
+    weft_tests::agent::poll(t(), || {
+        now = held(n);
+        (&now == before).then_some(())
+    });
+    assert_eq!(&now, before, "what the node held before the sandboxes");
 }
 
 fn listing(dir: &Path) -> BTreeSet<String> {
@@ -324,12 +351,7 @@ fn pods_made_through_cri_reach_each_other_across_nodes() {
         assert!(r.sandboxes().unwrap().is_empty());
     }
     for (n, was) in c.nodes.iter().zip(&before) {
-        let mut now = held(n);
-        weft_tests::agent::poll(t(), || {
-            now = held(n);
-            (&now == was).then_some(())
-        });
-        assert_eq!(&now, was, "what the node held before the pods");
+        holds_again(n, was);
     }
     for p in pods.iter().flatten() {
         if let Some(ns) = &p.netns_path {
@@ -407,12 +429,7 @@ fn twenty_sandboxes_at_once_while_the_agent_restarts() {
     for p in &pods {
         r.remove_pod(&p.id).unwrap();
     }
-    let mut now = held(n);
-    weft_tests::agent::poll(t(), || {
-        now = held(n);
-        (now == before).then_some(())
-    });
-    assert_eq!(now, before, "what the node held before the sandboxes");
+    holds_again(n, &before);
 }
 
 #[test]
@@ -453,12 +470,7 @@ fn containerd_restarts_under_running_sandboxes() {
     });
     reaches(&c.nodes[1], &kept.ips);
     r.remove_pod(&kept.id).unwrap();
-    let mut now = held(n);
-    weft_tests::agent::poll(t(), || {
-        now = held(n);
-        (now == before).then_some(())
-    });
-    assert_eq!(now, before, "what the node held before the sandboxes");
+    holds_again(n, &before);
 }
 
 /// An image `cargo xtask image` built, loaded as the docs say for a
@@ -555,12 +567,7 @@ fn sandboxes_on_flannels_chain_are_adopted_from_containerds_cache() {
     }
     for (n, p) in c.nodes.iter().zip(&pods) {
         eventually("the sandbox is adopted", t(), || {
-            let e: BTreeSet<IpAddr> = EndpointMap::open(n.pins.pins())
-                .unwrap()
-                .all()
-                .unwrap()
-                .into_keys()
-                .collect();
+            let e = endpoints_at(&n.pins);
             e.contains(&p.ip(false).unwrap()).then_some(())
         });
     }
@@ -586,12 +593,7 @@ fn sandboxes_on_flannels_chain_are_adopted_from_containerds_cache() {
     runtimes[1].remove_pod(&pods[1].id).unwrap();
     let gone = pods[1].ip(false).unwrap();
     eventually("the removed sandbox's endpoint is gone", t(), || {
-        let e: BTreeSet<IpAddr> = EndpointMap::open(c.nodes[1].pins.pins())
-            .unwrap()
-            .all()
-            .unwrap()
-            .into_keys()
-            .collect();
+        let e = endpoints_at(&c.nodes[1].pins);
         (!e.contains(&gone)).then_some(())
     });
 }
@@ -625,20 +627,7 @@ fn sandboxes_on_a_chain_installed_with_install_cni() {
             .to_string(),
     )
     .unwrap();
-    let (bin, conf) = (dir.join("cni-bin"), dir.join("cni-conf"));
-    let (ok, _, err) = weft_tests::agent::weft(&[
-        "install-cni",
-        "--bin-dir",
-        bin.to_str().unwrap(),
-        "--conf-dir",
-        conf.to_str().unwrap(),
-        "--conflist",
-        given.to_str().unwrap(),
-    ]);
-    assert!(ok, "install-cni: {err}");
-    let installed: Value =
-        serde_json::from_str(&std::fs::read_to_string(conf.join("10-weft.conflist")).unwrap())
-            .unwrap();
+    let (installed, bin) = install_cni(&dir, Some(&given));
     let r = Containerd::start(
         &dir,
         &n.node.ns.path(),
@@ -659,11 +648,8 @@ fn sandboxes_on_a_chain_installed_with_install_cni() {
     assert_eq!(added.len(), 1, "one record by the plugin: {added:?}");
     assert!(added[0].starts_with(&pod.id), "{added:?} is {}'s", pod.id);
     eventually("the sandbox is an endpoint", t(), || {
-        EndpointMap::open(n.pins.pins())
-            .unwrap()
-            .all()
-            .unwrap()
-            .contains_key(&IpAddr::V4(ip))
+        endpoints_at(&n.pins)
+            .contains(&IpAddr::V4(ip))
             .then_some(())
     });
     let far = c.nodes[1].node.pods[0].ip;
