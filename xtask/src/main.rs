@@ -9,17 +9,21 @@
 //! - `fuzz [--seconds N] [TARGET..]`: the fuzz targets, longer
 //! - `demo`: the kernel checked, what the demo needs installed, then a 3-node cluster in network namespaces, end to end
 //! - `vm-test [--kernel 6.12|6.1] [TESTS..]`: the privileged tests on another kernel, in a VM
+//! - `vm-matrix`: the kernel matrix of `test` alone, its VMs side by side
 //! - `vm-bench [--kernel 6.12] ARGS`: a benchmark in such a VM
 //! - `bench datapath|egress|leases|control-plane`: benchmarks, side by side with baselines
 //! - `image`: the container image (a static binary, from scratch) as an OCI archive
 
-mod cmd;
+mod build;
 mod cycles;
 mod docs;
+mod fuzz;
 mod image;
+mod lint;
 mod paths;
 mod process;
 mod setup;
+mod test;
 mod toolchain;
 mod vm;
 
@@ -97,6 +101,8 @@ enum Command {
         /// when none.
         tests: Vec<String>,
     },
+    /// The kernel matrix of `test` alone: its VMs side by side, as there.
+    VmMatrix,
     /// `cargo xtask bench ARGS` in a VM of one of Debian's kernels (with
     /// KVM its ratios are worth reading; under emulation it is a smoke run).
     VmBench {
@@ -160,13 +166,13 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Setup => setup::setup(),
         Command::Build { release } => {
-            let bin = cmd::build(release)?;
+            let bin = build::build(release)?;
             println!("built {}", bin.display());
             Ok(())
         }
         Command::Run { release, args } => {
-            let bin = cmd::build(release)?;
-            cmd::exec(&bin, &args)
+            let bin = build::build(release)?;
+            build::exec(&bin, &args)
         }
         Command::Test {
             filter,
@@ -176,22 +182,22 @@ fn run() -> Result<()> {
             if !no_setup {
                 setup::setup()?;
             }
-            cmd::test(filter.as_deref(), fuzz_seconds)
+            test::test(filter.as_deref(), fuzz_seconds)
         }
         Command::Fuzz { seconds, targets } => {
-            cmd::build(false)?;
-            cmd::fuzz(&targets, seconds)
+            build::build(false)?;
+            fuzz::fuzz(&targets, seconds)
         }
-        Command::Lint => cmd::lint(),
+        Command::Lint => lint::lint(),
         Command::Docs { check } => {
-            let weft = cmd::build(false)?;
+            let weft = build::build(false)?;
             docs::docs(&weft, check)
         }
         Command::Demo { no_setup, args } => {
             if !no_setup {
                 setup::demo()?;
             }
-            cmd::tool("weft-demo", &args)
+            build::tool("weft-demo", &args)
         }
         Command::VmTest {
             kernel,
@@ -203,7 +209,7 @@ fn run() -> Result<()> {
             filter,
             tests,
         } => {
-            let weft = cmd::build(false)?;
+            let weft = build::build(false)?;
             // The kernel's tests in the matrix, all in one VM.
             let mut opts = vm::Options::new(&kernel, &[]);
             for o in vm::matrix().into_iter().filter(|o| o.kernel == kernel) {
@@ -221,6 +227,17 @@ fn run() -> Result<()> {
             opts.timeout = std::time::Duration::from_secs(minutes * 60);
             vm::run_or_fail(&opts, &weft, "the tests")
         }
+        Command::VmMatrix => {
+            let weft = build::build(false)?;
+            let side = test::vm_matrix(&weft)?;
+            for (n, d) in &side.phases {
+                eprintln!("xtask vm-matrix: {n} {:.0}s", d.as_secs_f64());
+            }
+            for f in &side.failures {
+                eprintln!("  {f}");
+            }
+            side.kernels
+        }
         Command::VmBench {
             kernel,
             accel,
@@ -229,7 +246,7 @@ fn run() -> Result<()> {
             minutes,
             args,
         } => {
-            let weft = cmd::build(true)?;
+            let weft = build::build(true)?;
             let mut opts = vm::Options::new(&kernel, &[]);
             opts.bench = Some(args);
             opts.accel = accel;
@@ -238,7 +255,7 @@ fn run() -> Result<()> {
             opts.timeout = std::time::Duration::from_secs(minutes * 60);
             vm::run_or_fail(&opts, &weft, "the benchmark")
         }
-        Command::Bench { args } => cmd::tool("weft-bench", &args),
+        Command::Bench { args } => build::tool("weft-bench", &args),
         Command::Image { no_setup } => {
             if !no_setup {
                 setup::setup()?;

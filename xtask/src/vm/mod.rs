@@ -104,10 +104,32 @@ impl Report {
     }
 }
 
+/// A VM run made ready on the host: its kernel fetched, its test
+/// binaries built. Booting it needs no cargo, so it can run beside a
+/// `cargo test` of the host.
+pub(crate) struct Prepared {
+    opts: Options,
+    kernel: kernels::Kernel,
+    tests: Vec<TestBinary>,
+}
+
+impl Prepared {
+    pub(crate) fn opts(&self) -> &Options {
+        &self.opts
+    }
+}
+
 /// Boots the kernel of `opts` and runs its tests there with `weft` (the
 /// agent binary built on the host).
 pub(crate) fn run(opts: &Options, weft: &Path) -> Result<Report> {
     let started = Instant::now();
+    let mut r = run_prepared(&prepare(opts)?, weft)?;
+    r.took = started.elapsed();
+    Ok(r)
+}
+
+/// Fetches the kernel of `opts` and builds its test binaries.
+pub(crate) fn prepare(opts: &Options) -> Result<Prepared> {
     let series = kernels::series(&opts.kernel)?;
     let (kernel, _) = kernels::fetch(series)?;
     let tests = match &opts.bench {
@@ -140,11 +162,22 @@ pub(crate) fn run(opts: &Options, weft: &Path) -> Result<Report> {
             tests
         }
     };
+    Ok(Prepared {
+        opts: opts.clone(),
+        kernel,
+        tests,
+    })
+}
+
+/// Boots a [`prepare`]d VM and runs its tests there with `weft`.
+pub(crate) fn run_prepared(p: &Prepared, weft: &Path) -> Result<Report> {
+    let started = Instant::now();
+    let (opts, kernel, tests) = (&p.opts, &p.kernel, &p.tests);
     let scratch = std::fs::canonicalize("target")?.join("vm");
     let dir = scratch.join(opts.name().replace(' ', "-"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    let accel = qemu::accel(opts.accel, &kernel, &scratch)?;
+    let accel = qemu::accel(opts.accel, kernel, &scratch)?;
     let scale = opts.time_scale.unwrap_or(match accel {
         Accel::Kvm => 1.5,
         Accel::Tcg => 6.0,
@@ -164,10 +197,10 @@ pub(crate) fn run(opts: &Options, weft: &Path) -> Result<Report> {
             .join(", ")
     );
     let script = dir.join("guest.sh");
-    std::fs::write(&script, guest_script(opts, weft, &tests, &dir, scale)?)?;
-    let mut follow = Follow::new(&label, &dir, &tests);
+    std::fs::write(&script, guest_script(opts, weft, tests, &dir, scale)?)?;
+    let mut follow = Follow::new(&label, &dir, tests);
     let ended = Boot {
-        kernel: &kernel,
+        kernel,
         accel,
         cpus: opts.cpus,
         memory: &opts.memory,
@@ -202,7 +235,7 @@ pub(crate) fn run(opts: &Options, weft: &Path) -> Result<Report> {
             ended.console.display()
         ));
     } else {
-        for t in &tests {
+        for t in tests {
             let status = std::fs::read_to_string(dir.join(format!("{}.status", t.name)));
             let timing = std::fs::read_to_string(dir.join(format!("{}.seconds", t.name)))
                 .unwrap_or_default();
@@ -354,6 +387,10 @@ impl Follow {
 /// `kernel_support`; under emulation on a busy day they took 10 minutes
 /// there, so they stay out of the matrix (`cargo xtask vm-test agent`).
 pub(crate) fn matrix() -> Vec<Options> {
+    // Several VMs of about five minutes each (under emulation), so that
+    // two lanes end close together: `cargo xtask test` runs them one after
+    // the other in a lane beside the host's tests, and in two once those
+    // are over. Each boot costs about 18 s.
     vec![
         // What depends on the kernel: its check (which also sees `auto`
         // warn where conntrack is a module), encapsulation, decapsulation
@@ -363,9 +400,6 @@ pub(crate) fn matrix() -> Vec<Options> {
         // rest runs on the host: under emulation here the bulk transfers
         // of datapath alone took 2-4 minutes, host_routing 9.5 and
         // dual_stack more than 10.
-        // 6.12's tests are split over two VMs that run side by side with
-        // 6.1's (an emulated guest runs on one host thread; 6.1's is over
-        // in a minute, so its thread then carries the second 6.12 VM).
         Options::new(
             "6.12",
             &[
@@ -380,17 +414,20 @@ pub(crate) fn matrix() -> Vec<Options> {
                  oversized_packets_get_icmp_or_a_counted_drop,\
                  interop_with_a_flannel_node_using_the_kernel_vxlan_device,\
                  vxlan_that_arrives_as_fragments_is_reassembled_checked_and_counted",
-                // flannel's wireguard backend (the host's kernel has no
-                // WireGuard), its fast path under auto's conntrack gate.
-                "wireguard",
-                // A switch between the backends, both ways: nothing of
-                // the old one left.
-                "backend_switch",
                 // Pods made by containerd's CRI take the fast path with
                 // the module's kfuncs, as on a Debian kubelet.
                 "cri:pods_made_through_cri_reach_each_other_across_nodes",
             ],
         ),
+        // flannel's wireguard backend (the host's kernel has no WireGuard),
+        // its fast path under auto's conntrack gate.
+        Options::new("6.12", &["wireguard"]).part("wireguard"),
+        // A switch between the backends, both ways: nothing of the old one
+        // left.
+        Options::new("6.12", &["backend_switch"]).part("backend-switch"),
+        // conntrack kept true by flows on the fast path, with the module's
+        // kfuncs.
+        Options::new("6.12", &["long_flows"]).part("long-flows"),
         Options::new(
             "6.12",
             &[
@@ -403,15 +440,13 @@ pub(crate) fn matrix() -> Vec<Options> {
                 // its frames (the host's refuses bpf_xdp_adjust_meta), has
                 // netkit, and conntrack as a module.
                 "kernel_features:the_agent_reports_what_this_kernel_refuses_and_says_it_once",
-                // conntrack kept true by flows on the fast path, with the
-                // module's kfuncs.
-                "long_flows",
-                // netkit pods: the host's kernel has none.
-                "netkit",
             ],
         )
-        .part("netkit")
-        .with_env("WEFT_TEST_NETKIT", "1"),
+        .part("host-routing"),
+        // netkit pods: the host's kernel has none.
+        Options::new("6.12", &["netkit"])
+            .part("netkit")
+            .with_env("WEFT_TEST_NETKIT", "1"),
         Options::new("6.1", &["kernel_support"]),
     ]
 }
