@@ -4,6 +4,21 @@
 
 use super::*;
 
+/// The subnets this node holds, held before, and is acquiring again.
+#[derive(Default)]
+pub(super) struct Held {
+    /// Our subnets, once held.
+    pub(super) subnet: Option<Subnets>,
+    /// The subnets we held before a loss moved us, while local pods still
+    /// hold addresses in them (how many).
+    pub(super) old: Option<(Subnets, usize)>,
+    /// While a lost lease is acquired again, beside the loop: the subnets
+    /// held before.
+    pub(super) relocating: Option<Option<Subnets>>,
+    /// Whether the peer set has been complete once.
+    pub(super) synced: bool,
+}
+
 impl Agent {
     /// We hold `held`: the dataplane goes up around it, then subnet.env
     /// tells the CNI plugin, then the peers are decided around it.
@@ -12,20 +27,20 @@ impl Agent {
         if let Some(c) = self.dataplane.counters() {
             self.metrics.set_counters(c);
         }
-        if self.prober.is_none()
-            && let Some(mut settings) = self.probe
+        if self.health.prober.is_none()
+            && let Some(mut settings) = self.health.settings
         {
             settings.path_mtu = self.dataplane.path_mtu_ceiling();
             settings.port = self.dataplane.vxlan_port();
             settings.vtep = self.dataplane.vtep4();
             let p = health::Prober::start(settings)?;
             self.metrics.set_health(p.view());
-            self.prober = Some(p);
+            self.health.prober = Some(p);
         }
         if let Some(l) = self.dataplane.liberal() {
             self.metrics.set_liberal(l);
         }
-        self.subnet = Some(held.subnet);
+        self.held.subnet = Some(held.subnet);
         self.publish_subnet_env();
         let updates = self.view.set_held(held);
         self.apply(&updates).await
@@ -42,7 +57,7 @@ impl Agent {
     ) -> tokio::task::JoinHandle<HeldLease> {
         self.metrics.set_ready(false);
         let old = self.holder.lose(why, to);
-        self.relocating = Some(old);
+        self.held.relocating = Some(old);
         tokio::spawn(self.holder.acquisition(old).run())
     }
 
@@ -50,7 +65,7 @@ impl Agent {
     pub(super) async fn relocated(&mut self, held: HeldLease) -> Result<()> {
         self.holder.install(held.clone());
         self.took(&held).await?;
-        if let Some(Some(old)) = self.relocating.take()
+        if let Some(Some(old)) = self.held.relocating.take()
             && old != held.subnet
         {
             // Only the halves that changed leave pods behind.
@@ -58,7 +73,7 @@ impl Agent {
                 v4: old.v4.filter(|s| Some(*s) != held.subnet.v4),
                 v6: old.v6.filter(|s| Some(*s) != held.subnet.v6),
             };
-            let pods = pods::in_subnet(&self.cni_ipam_dir, &old);
+            let pods = pods::in_subnet(&self.pods.cni_ipam_dir, &old);
             tracing::warn!(
                 %old,
                 new = %held.subnet,
@@ -66,7 +81,7 @@ impl Agent {
                 "this node's subnet changed: its pods on the old subnet cannot be reached any more and must be recreated (the node stays not ready until they are; see docs/architecture/leases.md, \"When a node's subnet changes\")"
             );
             if !pods.is_empty() {
-                self.old_subnet = Some((old, pods.len()));
+                self.held.old = Some((old, pods.len()));
             }
         }
         Ok(())
@@ -74,18 +89,18 @@ impl Agent {
 
     /// While we wait for pods to leave an old subnet: how many are left.
     pub(super) fn check_old_subnet(&mut self) {
-        let Some((old, before)) = self.old_subnet else {
+        let Some((old, before)) = self.held.old else {
             return;
         };
-        let left = pods::in_subnet(&self.cni_ipam_dir, &old).len();
+        let left = pods::in_subnet(&self.pods.cni_ipam_dir, &old).len();
         if left == 0 {
             tracing::info!(%old, "no local pod holds an address of the old subnet any more");
-            self.old_subnet = None;
+            self.held.old = None;
         } else {
             if left != before {
                 tracing::warn!(%old, pods = left, "local pods still hold addresses of the old subnet");
             }
-            self.old_subnet = Some((old, left));
+            self.held.old = Some((old, left));
         }
     }
 }

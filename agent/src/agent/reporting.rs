@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// Where the status report goes, and what it says of the kernel.
+pub(super) struct Reporting {
+    pub(super) reporter: Reporter,
+    /// The kernel's features, as probed at start (None: no dataplane).
+    pub(super) kernel: Option<report::Kernel>,
+}
+
 impl Agent {
     /// The wireguard backend's peers, read from the kernel, to the
     /// metrics (aggregates; per peer with `--peer-metrics`).
@@ -17,7 +24,7 @@ impl Agent {
                 return;
             }
         };
-        let per_peer = self.probe.is_some_and(|p| p.per_peer_metrics);
+        let per_peer = self.health.settings.is_some_and(|p| p.per_peer_metrics);
         let mut m = crate::metrics::WgMetrics::default();
         for p in &stats {
             let age = crate::dataplane::wireguard::age(p.last_handshake);
@@ -51,14 +58,14 @@ impl Agent {
         }
         self.metrics.set_problems(counts);
         self.metrics
-            .set_old_subnet_pods(self.old_subnet.map_or(0, |(_, n)| n as u64));
+            .set_old_subnet_pods(self.held.old.map_or(0, |(_, n)| n as u64));
         self.metrics
             .set_direct_peers(self.dataplane.direct_peers().len() as u64);
         let ready = self.ready();
         let was = self.metrics.ready();
         self.metrics.set_ready(ready);
         if ready != was
-            && let Some(subnets) = self.subnet
+            && let Some(subnets) = self.held.subnet
         {
             crate::sys::sd_notify::notify(&format!(
                 "STATUS=holding {subnets}; {}",
@@ -84,8 +91,9 @@ impl Agent {
                 p.verified,
             );
         }
-        self.reporter.write(Report {
+        self.reporting.reporter.write(Report {
             peer_health: self
+                .health
                 .prober
                 .as_ref()
                 .map(|p| {
@@ -120,9 +128,9 @@ impl Agent {
                 verified: p.verified,
                 ids: p.ids,
             }),
-            subnet: self.subnet.map(|s| s.to_string()),
+            subnet: self.held.subnet.map(|s| s.to_string()),
             ready,
-            old_subnet: self.old_subnet.map(|(s, n)| report::OldSubnet {
+            old_subnet: self.held.old.map(|(s, n)| report::OldSubnet {
                 subnet: s.to_string(),
                 pods: n,
             }),
@@ -135,11 +143,12 @@ impl Agent {
                     error: p.error.clone(),
                 })
                 .collect(),
-            host_routing: self.host_routing.as_str().to_string(),
-            endpoints: self.endpoints,
-            endpoints_adopted: self.endpoints_adopted,
+            host_routing: self.pods.host_routing.as_str().to_string(),
+            endpoints: self.pods.endpoints,
+            endpoints_adopted: self.pods.adopted,
             endpoints_rejected: self
-                .endpoints_rejected
+                .pods
+                .rejected
                 .iter()
                 .map(|(owner, why)| report::RejectedEndpoint {
                     owner: owner.clone(),
@@ -150,7 +159,7 @@ impl Agent {
                 hook: d.hook.as_str().to_string(),
                 why: d.why,
             }),
-            masquerade: self.ip_masq,
+            masquerade: self.subnet_env.ip_masq,
             trace_drops: crate::dataplane::trace::on(),
             mtu: self.dataplane.mtu(),
             conflict: self
@@ -158,7 +167,7 @@ impl Agent {
                 .conflict()
                 .map(|c| report::IpConflict { node: c.node }),
             pid: Some(std::process::id()),
-            kernel: self.kernel.clone(),
+            kernel: self.reporting.kernel.clone(),
             rejected: self
                 .view
                 .rejected()

@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// The check of the programs in the links, while it runs or waits.
+#[derive(Default)]
+pub(super) struct Verify {
+    /// Running on a thread of its own (an exit does not wait for it).
+    pub(super) running: Option<std::thread::JoinHandle<Result<usize, String>>>,
+    /// When the next check may start (after one that failed).
+    pub(super) at: Option<tokio::time::Instant>,
+}
+
 impl Agent {
     /// Checks, once the peer table is complete, that the programs in the
     /// links reach a sample of the peers where nothing proved it before
@@ -11,10 +20,15 @@ impl Agent {
     /// previous generation where it is verified; otherwise it is tried
     /// again 2 s after.
     pub(super) fn verify_programs(&mut self) {
-        if self.verifying.as_ref().is_some_and(|h| !h.is_finished()) {
+        if self
+            .verify
+            .running
+            .as_ref()
+            .is_some_and(|h| !h.is_finished())
+        {
             return;
         }
-        if let Some(h) = self.verifying.take() {
+        if let Some(h) = self.verify.running.take() {
             let checked = h
                 .join()
                 .unwrap_or_else(|_| Err("the check did not finish".into()));
@@ -33,18 +47,19 @@ impl Agent {
                 }
                 Ok(Verified::Lost(why)) => {
                     tracing::error!(%why, "the programs in the links do not reach the peers and no verified programs are pinned to roll back to: not ready, checking again");
-                    self.verify_at = Some(tokio::time::Instant::now() + VERIFY_RETRY);
+                    self.verify.at = Some(tokio::time::Instant::now() + VERIFY_RETRY);
                 }
                 Err(e) => {
                     tracing::error!(error = %format!("{e:#}"), "cannot act on the check of the programs");
-                    self.verify_at = Some(tokio::time::Instant::now() + VERIFY_RETRY);
+                    self.verify.at = Some(tokio::time::Instant::now() + VERIFY_RETRY);
                 }
             }
             return;
         }
-        if !self.synced
+        if !self.held.synced
             || self
-                .verify_at
+                .verify
+                .at
                 .is_some_and(|t| tokio::time::Instant::now() < t)
         {
             return;
@@ -67,10 +82,10 @@ impl Agent {
             .name("weft-verify".into())
             .spawn(move || crate::dataplane::check_reach(&targets))
         {
-            Ok(h) => self.verifying = Some(h),
+            Ok(h) => self.verify.running = Some(h),
             Err(e) => {
                 tracing::error!(error = %e, "cannot start the check of the programs");
-                self.verify_at = Some(tokio::time::Instant::now() + VERIFY_RETRY);
+                self.verify.at = Some(tokio::time::Instant::now() + VERIFY_RETRY);
             }
         }
     }
