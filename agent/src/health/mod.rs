@@ -10,12 +10,12 @@
 //! per-peer series only with `--peer-metrics`, as they grow with the
 //! square of the cluster) and to `weft status`.
 
+mod metrics;
 pub(crate) mod path_mtu;
 pub(crate) mod table;
 mod tick;
 
 use std::{
-    fmt::Write as _,
     net::IpAddr,
     sync::{
         Arc, Mutex,
@@ -34,6 +34,8 @@ use crate::sys::{
 };
 use path_mtu::PathMtus;
 use table::{State, Table};
+
+use crate::metrics::exposition::Histogram;
 
 /// Upper bounds of the round-trip histogram, in seconds.
 const RTT_BUCKETS: [f64; 11] = [
@@ -88,13 +90,6 @@ struct Shared {
     settings: Settings,
 }
 
-#[derive(Default)]
-struct Histogram {
-    counts: [u64; RTT_BUCKETS.len()],
-    sum: f64,
-    count: u64,
-}
-
 /// The running prober; stopped when dropped.
 pub(crate) struct Prober {
     shared: Arc<Shared>,
@@ -123,7 +118,7 @@ impl Prober {
                     settings.interval / PATH_RECHECKS_PER_INTERVAL,
                 ))
             }),
-            hist: Mutex::default(),
+            hist: Mutex::new(Histogram::new(&RTT_BUCKETS)),
             stop: AtomicBool::new(false),
             settings,
         });
@@ -472,14 +467,7 @@ fn receive(
         drop(t);
         let mut h = s.hist.lock().expect("prober lock");
         for r in rtts {
-            let secs = r.as_secs_f64();
-            for (i, b) in RTT_BUCKETS.iter().enumerate() {
-                if secs <= *b {
-                    h.counts[i] += 1;
-                }
-            }
-            h.sum += secs;
-            h.count += 1;
+            h.observe(r.as_secs_f64());
         }
     }
 }
@@ -515,134 +503,9 @@ impl HealthView {
                 settings.timeout,
                 settings.interval,
             ))),
-            hist: Mutex::default(),
+            hist: Mutex::new(Histogram::new(&RTT_BUCKETS)),
             stop: AtomicBool::new(true),
             settings,
         }))
-    }
-
-    /// The prober's metrics, in Prometheus text format.
-    pub(crate) fn render(&self, o: &mut String) {
-        let s = &self.0;
-        let t = s.table.lock().expect("prober lock");
-        let (up, down, unknown) = t.counts();
-        let tally = t.tally;
-        let _ = writeln!(
-            o,
-            "# HELP weft_peers_reachable Peers whose last probe through the tunnel was answered.\n# TYPE weft_peers_reachable gauge\nweft_peers_reachable {up}"
-        );
-        let _ = writeln!(
-            o,
-            "# HELP weft_peers_unreachable Peers that missed {} probes through the tunnel in a row.\n# TYPE weft_peers_unreachable gauge\nweft_peers_unreachable {down}",
-            table::MISSES
-        );
-        let _ = writeln!(
-            o,
-            "# HELP weft_peers_unprobed Peers not yet answered nor missed enough.\n# TYPE weft_peers_unprobed gauge\nweft_peers_unprobed {unknown}"
-        );
-        let name = "weft_peer_probes_total";
-        let _ = writeln!(
-            o,
-            "# HELP {name} Probes sent to peers, by what became of them (failed: could not be sent).\n# TYPE {name} counter"
-        );
-        for (r, v) in [
-            ("answered", tally.answered),
-            ("lost", tally.lost),
-            ("failed", tally.failed),
-        ] {
-            let _ = writeln!(o, "{name}{{result=\"{r}\"}} {v}");
-        }
-        let _ = writeln!(
-            o,
-            "# HELP weft_peer_probe_period_seconds How long between two probes of one peer (the interval, longer where the rate bound needs it).\n# TYPE weft_peer_probe_period_seconds gauge\nweft_peer_probe_period_seconds {}",
-            t.period().as_secs_f64()
-        );
-        if s.settings.per_peer_metrics {
-            let _ = writeln!(
-                o,
-                "# HELP weft_peer_reachable 1 if the peer's last probe was answered, 0 if it is unreachable, -1 not yet known.\n# TYPE weft_peer_reachable gauge"
-            );
-            let mut peers: Vec<_> = t.peers().collect();
-            peers.sort_by_key(|(s, _)| **s);
-            for (subnet, e) in &peers {
-                let v = match e.state {
-                    State::Reachable => 1,
-                    State::Unreachable => 0,
-                    State::Unknown => -1,
-                };
-                let _ = writeln!(
-                    o,
-                    "weft_peer_reachable{{subnet=\"{subnet}\",vtep=\"{}\"}} {v}",
-                    e.vtep
-                );
-            }
-            let _ = writeln!(
-                o,
-                "# HELP weft_peer_rtt_last_seconds The peer's last answered probe's round trip.\n# TYPE weft_peer_rtt_last_seconds gauge"
-            );
-            for (subnet, e) in &peers {
-                if let Some(r) = e.rtt() {
-                    let _ = writeln!(
-                        o,
-                        "weft_peer_rtt_last_seconds{{subnet=\"{subnet}\",vtep=\"{}\"}} {}",
-                        e.vtep,
-                        r.as_secs_f64()
-                    );
-                }
-            }
-        }
-        drop(t);
-        if let Some(path) = &s.path {
-            let p = path.lock().expect("prober lock");
-            let mut measured: Vec<(IpNet, std::net::Ipv4Addr, u32)> =
-                p.measured().map(|(s, v, m)| (*s, v, m)).collect();
-            measured.sort();
-            let _ = writeln!(
-                o,
-                "# HELP weft_peers_path_mtu_measured IPv4 peers whose path MTU is measured (the others get the base size).\n# TYPE weft_peers_path_mtu_measured gauge\nweft_peers_path_mtu_measured {}",
-                measured.len()
-            );
-            let _ = writeln!(
-                o,
-                "# HELP weft_peer_path_mtu_min_bytes The smallest path MTU measured to any peer (outer packet, 0: none measured).\n# TYPE weft_peer_path_mtu_min_bytes gauge\nweft_peer_path_mtu_min_bytes {}",
-                measured.iter().map(|m| m.2).min().unwrap_or(0)
-            );
-            let _ = writeln!(
-                o,
-                "# HELP weft_path_mtu_probes_total Path MTU probes sent, by whether they were answered.\n# TYPE weft_path_mtu_probes_total counter\nweft_path_mtu_probes_total{{result=\"answered\"}} {}\nweft_path_mtu_probes_total{{result=\"unanswered\"}} {}",
-                p.answered,
-                p.probes.saturating_sub(p.answered)
-            );
-            let _ = writeln!(
-                o,
-                "# HELP weft_path_mtu_hints_total ICMP fragmentation-needed messages naming a smaller path MTU for a peer, by whether a probe of that size confirmed it.\n# TYPE weft_path_mtu_hints_total counter\nweft_path_mtu_hints_total{{result=\"confirmed\"}} {}\nweft_path_mtu_hints_total{{result=\"not_confirmed\"}} {}",
-                p.hints_confirmed,
-                p.hints.saturating_sub(p.hints_confirmed)
-            );
-            if s.settings.per_peer_metrics {
-                let _ = writeln!(
-                    o,
-                    "# HELP weft_peer_path_mtu_bytes The path MTU measured to the peer (outer packet).\n# TYPE weft_peer_path_mtu_bytes gauge"
-                );
-                for (subnet, vtep, m) in &measured {
-                    let _ = writeln!(
-                        o,
-                        "weft_peer_path_mtu_bytes{{subnet=\"{subnet}\",vtep=\"{vtep}\"}} {m}"
-                    );
-                }
-            }
-        }
-        let h = s.hist.lock().expect("prober lock");
-        let name = "weft_peer_rtt_seconds";
-        let _ = writeln!(
-            o,
-            "# HELP {name} Round trips of answered probes, across peers.\n# TYPE {name} histogram"
-        );
-        for (i, b) in RTT_BUCKETS.iter().enumerate() {
-            let _ = writeln!(o, "{name}_bucket{{le=\"{b}\"}} {}", h.counts[i]);
-        }
-        let _ = writeln!(o, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-        let _ = writeln!(o, "{name}_sum {}", h.sum);
-        let _ = writeln!(o, "{name}_count {}", h.count);
     }
 }
