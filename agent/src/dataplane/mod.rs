@@ -2,12 +2,15 @@
 //! they rely on, and the one seam the agent drives them through.
 //!
 //! The seam is [`Dataplane`], built from a [`DataplaneSpec`] (uplink, VNI,
-//! port, VTEP MAC, hook choice) and told three things: our subnet
+//! port, VTEP MAC, hook choice) or a WireGuard spec, holding one backend
+//! behind [`backend::Backend`] (the VXLAN overlay, WireGuard, or none), and
+//! told three things: our subnet
 //! ([`Dataplane::set_subnet`]), peer changes ([`Dataplane::apply`]), and
 //! that the peer set is complete ([`Dataplane::synced`]). Of leases it
 //! knows only the node's subnets (`lease::Subnets`); of the command line,
 //! only that `XdpMode` and `HostRouting` are its values (`clap::ValueEnum`).
 
+mod backend;
 mod backend_switch;
 mod bpffs;
 mod bpffs_hold;
@@ -39,10 +42,7 @@ pub(crate) mod trace;
 mod types;
 pub mod wireguard;
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Arc,
-};
+use std::{collections::HashSet, sync::Arc};
 
 use anyhow::Result;
 use ipnet::IpNet;
@@ -74,32 +74,31 @@ pub fn rollback(pins: &PinDir) -> Result<Vec<Swapped>> {
     generations::rollback(pins)
 }
 
+use self::backend::Backend;
 use crate::lease::Subnets;
 
-/// The dataplane as the agent drives it: the eBPF datapath, or none at all
-/// (control plane only: the peer table is kept and logged). The seam the
-/// integration tests and benchmarks drive too.
+/// The dataplane as the agent drives it: one [`Backend`] (the VXLAN
+/// overlay, WireGuard, or none at all), set up when the node first holds
+/// its subnets. The seam the integration tests and benchmarks drive too.
 pub struct Dataplane {
-    kind: Kind,
+    /// What sets the backend up at the first subnets (None once it is up,
+    /// and without a datapath).
+    pending: Option<Pending>,
+    /// The backend, once up.
+    backend: Option<Box<dyn Backend>>,
+    /// VXLAN's UDP port and VTEP address (what peer health probes
+    /// through), kept from its spec.
+    vxlan: Option<(u16, Option<std::net::Ipv4Addr>)>,
     /// Whether the peer set has been complete once: the first time, pinned
     /// peers that are not in it go (leases that vanished while the agent
     /// was away).
     first_sync_done: bool,
 }
 
-enum Kind {
-    Off {
-        peers: HashMap<IpNet, Peer>,
-    },
-    Ebpf {
-        spec: DataplaneSpec,
-        overlay: Option<Box<Overlay>>,
-    },
-    /// The wireguard backend: the kernel's WireGuard devices.
-    Wireguard {
-        spec: wireguard::WgSpec,
-        wg: Option<Box<wireguard::WgOverlay>>,
-    },
+/// A backend not yet set up.
+enum Pending {
+    Vxlan(DataplaneSpec),
+    Wireguard(wireguard::WgSpec),
 }
 
 /// Whether at least half of the sampled peers `targets` (overlay address,
@@ -113,74 +112,72 @@ pub(crate) fn check_reach(
 
 impl Dataplane {
     pub(crate) fn off() -> Self {
-        Self::with(Kind::Off {
-            peers: HashMap::new(),
-        })
+        Self {
+            pending: None,
+            backend: Some(Box::new(backend::Off::default())),
+            vxlan: None,
+            first_sync_done: false,
+        }
     }
 
     pub fn ebpf(spec: DataplaneSpec) -> Self {
-        Self::with(Kind::Ebpf {
-            spec,
-            overlay: None,
-        })
+        Self {
+            vxlan: Some((spec.port, spec.public_ip)),
+            pending: Some(Pending::Vxlan(spec)),
+            backend: None,
+            first_sync_done: false,
+        }
     }
 
     pub fn wireguard(spec: wireguard::WgSpec) -> Self {
-        Self::with(Kind::Wireguard { spec, wg: None })
-    }
-
-    fn with(kind: Kind) -> Self {
         Self {
-            kind,
+            pending: Some(Pending::Wireguard(spec)),
+            backend: None,
+            vxlan: None,
             first_sync_done: false,
         }
     }
 
     /// Our subnets are (now) `subnets` (IPv4, IPv6): the first call sets
-    /// the dataplane up around them, later calls move it to new ones.
+    /// the backend up around them (removing what another backend left),
+    /// later calls move it to new ones.
     pub async fn set_subnet(&mut self, subnets: Subnets) -> Result<()> {
-        match &mut self.kind {
-            Kind::Off { .. } => {
-                tracing::debug!(?subnets, "own subnets (no datapath)");
-                Ok(())
-            }
-            Kind::Ebpf { spec, overlay } => match overlay {
-                Some(o) => o.set_subnet(subnets).await,
-                None => {
-                    backend_switch::remove_other(backend_switch::Backend::Vxlan, &spec.pins)
-                        .await?;
-                    let o = Overlay::setup(spec, subnets).await?;
-                    tracing::info!(
-                        device = %device_name(spec.vni),
-                        subnet = ?subnets.v4,
-                        subnet6 = ?subnets.v6,
-                        peers = o.peers().len(),
-                        "dataplane up"
-                    );
-                    *overlay = Some(Box::new(o));
-                    // Loading parsed the kernel's BTF: give that back.
-                    crate::sys::memory::give_back();
-                    Ok(())
-                }
-            },
-            Kind::Wireguard { spec, wg } => match wg {
-                Some(w) => w.set_subnet(subnets).await,
-                None => {
-                    backend_switch::remove_other(backend_switch::Backend::Wireguard, &spec.pins)
-                        .await?;
-                    let w = wireguard::WgOverlay::setup(spec.clone(), subnets).await?;
-                    tracing::info!(
-                        devices = ?w.devices(),
-                        public_key = %w.public_key(),
-                        subnet = ?subnets.v4,
-                        subnet6 = ?subnets.v6,
-                        "dataplane up (wireguard)"
-                    );
-                    *wg = Some(Box::new(w));
-                    Ok(())
-                }
-            },
+        if let Some(b) = &mut self.backend {
+            return b.set_subnet(subnets).await;
         }
+        let backend: Box<dyn Backend> = match &self.pending {
+            None => anyhow::bail!("no backend to set up"),
+            Some(Pending::Vxlan(spec)) => {
+                backend_switch::remove_other(backend_switch::Backend::Vxlan, &spec.pins).await?;
+                let o = Overlay::setup(spec, subnets).await?;
+                tracing::info!(
+                    device = %device_name(spec.vni),
+                    subnet = ?subnets.v4,
+                    subnet6 = ?subnets.v6,
+                    peers = o.peers().len(),
+                    "dataplane up"
+                );
+                Box::new(o)
+            }
+            Some(Pending::Wireguard(spec)) => {
+                backend_switch::remove_other(backend_switch::Backend::Wireguard, &spec.pins)
+                    .await?;
+                let w = wireguard::WgOverlay::setup(spec.clone(), subnets).await?;
+                tracing::info!(
+                    devices = ?w.devices(),
+                    public_key = %w.public_key(),
+                    subnet = ?subnets.v4,
+                    subnet6 = ?subnets.v6,
+                    "dataplane up (wireguard)"
+                );
+                Box::new(w)
+            }
+        };
+        self.backend = Some(backend);
+        self.pending = None;
+        // Loading parsed the kernel's BTF: give that back.
+        crate::sys::memory::give_back();
+        Ok(())
     }
 
     /// Applies peer updates, in order.
@@ -193,43 +190,17 @@ impl Dataplane {
                 PeerUpdate::Remove(s) => tracing::debug!(subnet = %s, "peer removed"),
             }
         }
-        match &mut self.kind {
-            Kind::Off { peers } => {
-                for u in updates {
-                    match u {
-                        PeerUpdate::Upsert(p) => {
-                            peers.insert(p.subnet, *p);
-                        }
-                        PeerUpdate::Remove(s) => {
-                            peers.remove(s);
-                        }
-                    }
-                }
-                Ok(())
-            }
-            Kind::Ebpf { overlay, .. } => {
-                let Some(o) = overlay.as_mut() else {
-                    anyhow::bail!("peer update before the dataplane is up");
-                };
-                o.apply_batch(updates).await
-            }
-            Kind::Wireguard { wg, .. } => {
-                let Some(w) = wg.as_mut() else {
-                    anyhow::bail!("peer update before the dataplane is up");
-                };
-                w.apply_batch(updates).await
-            }
-        }
+        let Some(b) = self.backend.as_mut() else {
+            anyhow::bail!("peer update before the dataplane is up");
+        };
+        b.apply(updates).await
     }
 
     /// The updates so far add up to etcd's state at `revision`, whose
     /// peers are `peers`.
     pub(crate) async fn synced(&mut self, revision: i64, peers: &HashSet<IpNet>) -> Result<()> {
-        let removed = match &mut self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } if !self.first_sync_done => o.retain(peers).await?,
-            Kind::Wireguard { wg: Some(w), .. } if !self.first_sync_done => w.retain(peers).await?,
+        let removed = match &mut self.backend {
+            Some(b) if !self.first_sync_done => b.retain(peers).await?,
             _ => 0,
         };
         if removed > 0 {
@@ -253,57 +224,32 @@ impl Dataplane {
 
     /// Each peer's subnet and VTEP (what continuous peer health probes).
     pub(crate) fn peer_targets(&self) -> Vec<(IpNet, std::net::IpAddr)> {
-        match &self.kind {
-            Kind::Off { peers } => peers.values().map(|p| (p.subnet, p.vtep)).collect(),
-            Kind::Ebpf { overlay, .. } => overlay.as_ref().map_or_else(Vec::new, |o| {
-                o.peers().values().map(|p| (p.subnet, p.vtep)).collect()
-            }),
-            Kind::Wireguard { wg, .. } => wg.as_ref().map_or_else(Vec::new, |w| {
-                w.peers().values().map(|p| (p.subnet, p.vtep)).collect()
-            }),
-        }
+        self.backend.as_ref().map_or_else(Vec::new, |b| {
+            b.peers().values().map(|p| (p.subnet, p.vtep)).collect()
+        })
     }
 
     pub(crate) fn peer_count(&self) -> usize {
-        match &self.kind {
-            Kind::Off { peers } => peers.len(),
-            Kind::Ebpf { overlay, .. } => overlay.as_ref().map_or(0, |o| o.peers().len()),
-            Kind::Wireguard { wg, .. } => wg.as_ref().map_or(0, |w| w.peers().len()),
-        }
+        self.backend.as_ref().map_or(0, |b| b.peers().len())
     }
 
     /// Makes host routing's local pods match the registered endpoints.
     pub async fn sync_endpoints(&mut self, want: &[EndpointSpec]) -> Result<EndpointSync> {
-        match &mut self.kind {
-            Kind::Ebpf {
-                spec,
-                overlay: Some(o),
-            } if spec.host_routing != HostRouting::Legacy => o.sync_endpoints(want).await,
-            Kind::Wireguard { wg: Some(w), .. } => w.sync_endpoints(want).await,
-            _ => Ok(EndpointSync::default()),
+        match &mut self.backend {
+            Some(b) => b.sync_endpoints(want).await,
+            None => Ok(EndpointSync::default()),
         }
     }
 
-    /// The programs attached, and where (once the eBPF dataplane is up).
+    /// The programs attached, and where (once the backend is up).
     pub fn attachments(&self) -> &[Attachment] {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => o.attachments(),
-            Kind::Wireguard { wg: Some(w), .. } => w.attachments(),
-            _ => &[],
-        }
+        self.backend.as_ref().map_or(&[], |b| b.attachments())
     }
 
     /// The peers to reach before the programs in the links count as
     /// verified (None: they are, or there are no programs).
     pub(crate) fn unverified_targets(&self) -> Option<Vec<(std::net::IpAddr, std::net::IpAddr)>> {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => o.unverified_targets(),
-            _ => None,
-        }
+        self.backend.as_ref()?.unverified_targets()
     }
 
     /// Whether the programs in the links have reached the peers (always
@@ -314,62 +260,42 @@ impl Dataplane {
 
     /// What a check over [`Self::unverified_targets`] found.
     pub(crate) fn verify(&mut self, checked: Result<usize, String>) -> Result<overlay::Verified> {
-        match &mut self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => o.verify(checked),
-            _ => Ok(overlay::Verified::Reached(0)),
+        match &mut self.backend {
+            Some(b) => b.verify(checked),
+            None => Ok(overlay::Verified::Reached(0)),
         }
     }
 
-    /// The programs in use and how they came to be (once the eBPF
-    /// dataplane is up).
+    /// The programs in use and how they came to be (the VXLAN backend's).
     pub(crate) fn programs(&self) -> Option<ProgramsState> {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => Some(o.generation()),
-            _ => None,
-        }
+        self.backend.as_ref()?.programs()
     }
 
-    /// Where decapsulation runs, and why (once the eBPF dataplane is up).
+    /// Where decapsulation runs, and why (the VXLAN backend's).
     pub(crate) fn decap(&self) -> Option<DecapChoice> {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => Some(o.decap()),
-            _ => None,
-        }
+        self.backend.as_ref()?.decap()
     }
 
     /// Tries again the peers that could not be programmed, when their time
     /// has come.
     pub(crate) async fn retry_problems(&mut self) -> Result<()> {
-        match &mut self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => o.retry_problems().await,
-            _ => Ok(()),
+        match &mut self.backend {
+            Some(b) => b.retry_problems().await,
+            None => Ok(()),
         }
     }
 
     /// Peers not (fully) programmed.
     pub fn problems(&self) -> Vec<Problem> {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => o.problems().cloned().collect(),
-            _ => Vec::new(),
-        }
+        self.backend
+            .as_ref()
+            .map_or_else(Vec::new, |b| b.problems())
     }
 
     /// The agent is stopping: see [`Overlay::release_port`].
     pub(crate) async fn release_port(&mut self) {
-        if let Kind::Ebpf {
-            overlay: Some(o), ..
-        } = &mut self.kind
-            && let Err(e) = o.release_port().await
+        if let Some(b) = &mut self.backend
+            && let Err(e) = b.release_port().await
         {
             tracing::warn!(error = %format!("{e:#}"), "cannot set the receive device down");
         }
@@ -377,65 +303,42 @@ impl Dataplane {
 
     /// Writes the programs' config again: the drop trace was switched.
     pub(crate) fn write_config(&mut self) -> Result<()> {
-        match &mut self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => o.write_config(),
-            Kind::Wireguard { wg: Some(w), .. } => w.write_config(),
-            _ => Ok(()),
+        match &mut self.backend {
+            Some(b) => b.write_config(),
+            None => Ok(()),
         }
     }
 
     /// Puts back what something else removed and follows the uplink's MTU
     /// (see [`Overlay::heal`]).
     pub(crate) async fn heal(&mut self) -> Result<Healed> {
-        match &mut self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => o.heal().await,
-            Kind::Wireguard { wg: Some(w), .. } => w.heal().await,
-            _ => Ok(Healed::default()),
+        match &mut self.backend {
+            Some(b) => b.heal().await,
+            None => Ok(Healed::default()),
         }
     }
 
-    /// The pods' MTU (the smallest overlay device's), once the eBPF
-    /// dataplane is up.
+    /// The pods' MTU (the smallest overlay device's), once the backend is
+    /// up.
     pub(crate) fn mtu(&self) -> Option<u32> {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => Some(o.mtu()),
-            Kind::Wireguard { wg: Some(w), .. } => Some(w.mtu()),
-            _ => None,
-        }
+        self.backend.as_ref()?.mtu()
     }
 
-    /// The VXLAN UDP port (0 without the eBPF datapath).
+    /// The VXLAN UDP port (0 without the VXLAN backend).
     pub(crate) fn vxlan_port(&self) -> u16 {
-        match &self.kind {
-            Kind::Ebpf { spec, .. } => spec.port,
-            Kind::Off { .. } | Kind::Wireguard { .. } => 0,
-        }
+        self.vxlan.map_or(0, |v| v.0)
     }
 
     /// This node's IPv4 VTEP address (the outer source of what it
-    /// encapsulates), with the VXLAN datapath.
+    /// encapsulates), with the VXLAN backend.
     pub(crate) fn vtep4(&self) -> Option<std::net::Ipv4Addr> {
-        match &self.kind {
-            Kind::Ebpf { spec, .. } => spec.public_ip,
-            Kind::Off { .. } | Kind::Wireguard { .. } => None,
-        }
+        self.vxlan.and_then(|v| v.1)
     }
 
     /// The uplink's MTU, where per-peer path MTU is on (see
     /// [`overlay::Overlay::path_mtu_ceiling`]).
     pub(crate) fn path_mtu_ceiling(&self) -> Option<u32> {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => o.path_mtu_ceiling(),
-            _ => None,
-        }
+        self.backend.as_ref()?.path_mtu_ceiling()
     }
 
     /// Paths measured or lost, to the programs and routes.
@@ -443,57 +346,31 @@ impl Dataplane {
         &mut self,
         changes: &[(std::net::Ipv4Addr, Option<u32>)],
     ) -> Result<()> {
-        match &mut self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => o.set_path_mtus(changes).await,
-            _ => Ok(()),
+        match &mut self.backend {
+            Some(b) => b.set_path_mtus(changes).await,
+            None => Ok(()),
         }
     }
 
     /// The subnets of the peers reached without encapsulation.
     pub(crate) fn direct_peers(&self) -> Vec<IpNet> {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => {
-                let mut v: Vec<IpNet> = o.direct().iter().copied().collect();
-                v.sort();
-                v
-            }
-            _ => Vec::new(),
-        }
+        self.backend.as_ref().map_or_else(Vec::new, |b| b.direct())
     }
 
     /// What the marking of fast-path flows as liberal in conntrack did,
-    /// once the eBPF dataplane is up.
+    /// once the backend is up.
     pub(crate) fn liberal(&self) -> Option<Arc<LiberalStats>> {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => Some(o.liberal()),
-            Kind::Wireguard { wg: Some(w), .. } => w.liberal(),
-            _ => None,
-        }
+        self.backend.as_ref()?.liberal()
     }
 
     /// The WireGuard peers as the kernel reports them (the wireguard
     /// backend, once up).
     pub(crate) fn wireguard_peers(&self) -> Option<Result<Vec<wireguard::WgPeerStats>>> {
-        match &self.kind {
-            Kind::Wireguard { wg: Some(w), .. } => Some(w.stats()),
-            _ => None,
-        }
+        self.backend.as_ref()?.wireguard_peers()
     }
 
-    /// The packet counters, once the eBPF dataplane is up.
+    /// The packet counters, once the backend is up.
     pub(crate) fn counters(&self) -> Option<Arc<Counters>> {
-        match &self.kind {
-            Kind::Ebpf {
-                overlay: Some(o), ..
-            } => Some(o.counters()),
-            Kind::Wireguard { wg: Some(w), .. } => w.counters(),
-            _ => None,
-        }
+        self.backend.as_ref()?.counters()
     }
 }

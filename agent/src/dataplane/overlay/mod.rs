@@ -21,6 +21,7 @@
 //! (pods' and the node's own) into the overlay, whose MTU makes the kernel
 //! answer oversized packets with ICMP before the program sees them.
 
+mod backend;
 mod devices;
 mod peers;
 mod programs;

@@ -15,6 +15,7 @@
 //!   so a restart drops no packet; peers whose leases went while the agent
 //!   was away go at the first complete sync.
 
+mod backend;
 mod fastpath;
 mod genl;
 pub mod key_file;
