@@ -16,11 +16,6 @@ use std::{
 };
 
 fn main() {
-    // Without the `agent` feature (the fuzz targets) there is no dataplane
-    // to embed.
-    if env::var_os("CARGO_FEATURE_AGENT").is_none() {
-        return;
-    }
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
     let dest = out_dir.join("weft-dataplane");
     println!("cargo:rerun-if-env-changed=WEFT_EBPF_OBJECT");

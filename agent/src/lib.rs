@@ -2,56 +2,38 @@
 //! etcd-compatible with flannel's VXLAN backend.
 //!
 //! The binary is [`main`]. The `dataplane` and `lease` modules are also a
-//! library for Weft's integration tests and benchmarks. Without the
-//! `agent` feature (on by default) the crate is only flannel's formats: the
-//! parsers of untrusted input, for the fuzz targets.
+//! library for Weft's integration tests and benchmarks. flannel's formats
+//! (the parsers of untrusted input, which the fuzz targets build alone) are
+//! the `weft-formats` crate, re-exported in `lease`, `mac` and `wgkey`.
 
-#[cfg(feature = "agent")]
 mod agent;
-#[cfg(feature = "agent")]
 mod backoff;
-#[cfg(feature = "agent")]
 mod checksum;
-#[cfg(feature = "agent")]
 mod cli;
-#[cfg(feature = "agent")]
 mod cni;
-#[cfg(feature = "agent")]
 mod commands;
-#[cfg(feature = "agent")]
 pub mod dataplane;
-#[cfg(feature = "agent")]
 mod health;
-#[cfg(feature = "agent")]
 mod http;
 pub mod lease;
-pub mod mac;
-#[cfg(feature = "agent")]
+pub use weft_formats::mac;
 mod metrics;
-#[cfg(feature = "agent")]
 mod node;
 pub mod peer;
-#[cfg(feature = "agent")]
 mod pods;
-#[cfg(feature = "agent")]
 mod report;
-#[cfg(feature = "agent")]
 mod sys;
-pub mod wgkey;
+pub use weft_formats::wgkey;
 
-#[cfg(feature = "agent")]
 use std::process::ExitCode;
 
-#[cfg(feature = "agent")]
 use clap::Parser as _;
 
-#[cfg(feature = "agent")]
 use crate::cli::{Cli, Command, LogFormat};
 
 /// The endpoints Weft's CNI plugin registered under `state_dir` (what the
 /// agent programs for host routing), for tests and benchmarks that drive
 /// the dataplane through the library.
-#[cfg(feature = "agent")]
 pub fn endpoint_records(state_dir: &std::path::Path) -> Vec<dataplane::EndpointSpec> {
     cni::records(state_dir)
         .iter()
@@ -60,7 +42,6 @@ pub fn endpoint_records(state_dir: &std::path::Path) -> Vec<dataplane::EndpointS
 }
 
 /// `weft`: parses the command line and runs the command.
-#[cfg(feature = "agent")]
 pub fn main() -> ExitCode {
     // Run by a container runtime as a CNI plugin (the binary is installed
     // as /opt/cni/bin/weft too).
@@ -172,13 +153,11 @@ pub fn main() -> ExitCode {
 
 /// The running process's log filter, to change while it runs (`weft
 /// log-level`, through the agent's socket).
-#[cfg(feature = "agent")]
 static LOG_FILTER: std::sync::OnceLock<
     tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
 > = std::sync::OnceLock::new();
 
 /// Replaces the log filter of this process (tracing's EnvFilter syntax).
-#[cfg(feature = "agent")]
 pub(crate) fn set_log_filter(filter: &str) -> Result<(), String> {
     let f = tracing_subscriber::EnvFilter::try_new(filter)
         .map_err(|e| format!("{filter:?} is not a log filter: {e}"))?;
@@ -190,16 +169,13 @@ pub(crate) fn set_log_filter(filter: &str) -> Result<(), String> {
 
 /// The agent's last log lines, for `weft bundle` (through its socket): a
 /// node's recent history wherever its log goes (a journal, a pod's log).
-#[cfg(feature = "agent")]
 static LOG_TAIL: std::sync::Mutex<std::collections::VecDeque<String>> =
     std::sync::Mutex::new(std::collections::VecDeque::new());
 
 /// How many lines [`LOG_TAIL`] keeps.
-#[cfg(feature = "agent")]
 const LOG_TAIL_LINES: usize = 1000;
 
 /// The last log lines, oldest first.
-#[cfg(feature = "agent")]
 pub(crate) fn log_tail() -> Vec<String> {
     LOG_TAIL
         .lock()
@@ -208,10 +184,8 @@ pub(crate) fn log_tail() -> Vec<String> {
 }
 
 /// The log's writer: stderr, and a copy of each line into [`LOG_TAIL`].
-#[cfg(feature = "agent")]
 struct Tee;
 
-#[cfg(feature = "agent")]
 impl std::io::Write for Tee {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if let Ok(mut t) = LOG_TAIL.lock() {
@@ -231,7 +205,6 @@ impl std::io::Write for Tee {
     }
 }
 
-#[cfg(feature = "agent")]
 fn init_logging(format: LogFormat, filter: &str) {
     use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {

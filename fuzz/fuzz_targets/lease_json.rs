@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weft::lease::LeaseAttrs;
+use weft_formats::attrs::LeaseAttrs;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(a) = LeaseAttrs::parse(data) else {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weft::lease::{NetworkConfig, Subnets};
+use weft_formats::{config::NetworkConfig, key::Subnets};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(c) = NetworkConfig::parse(data) else {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weft::lease::{EnvFamily, SubnetEnv, parse_subnet_env};
+use weft_formats::subnet_file::{EnvFamily, SubnetEnv, parse_subnet_env};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

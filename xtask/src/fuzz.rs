@@ -26,8 +26,6 @@ pub(crate) fn fuzz(targets: &[String], seconds: u64) -> Result<()> {
         }
     }
     let channel = crate::toolchain::channel(Path::new("dataplane-ebpf"))?;
-    let ebpf_object =
-        std::fs::canonicalize("target/ebpf/bpfel-unknown-none/release/weft-dataplane").ok();
     for t in targets {
         let corpus = std::env::temp_dir().join(format!("weft-fuzz-{t}-{}", std::process::id()));
         std::fs::create_dir_all(&corpus)?;
@@ -40,10 +38,6 @@ pub(crate) fn fuzz(targets: &[String], seconds: u64) -> Result<()> {
                 &format!("-max_total_time={seconds}"),
                 "-print_final_stats=1",
             ]);
-        // The eBPF object the agent embeds is already built: reuse it.
-        if let Some(o) = &ebpf_object {
-            c.env("WEFT_EBPF_OBJECT", o);
-        }
         // libFuzzer's progress goes to a log; its tail is shown on failure.
         let log = PathBuf::from("target/fuzz-logs").join(format!("{t}.log"));
         std::fs::create_dir_all("target/fuzz-logs")?;

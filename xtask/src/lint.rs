@@ -17,6 +17,7 @@ pub(crate) fn lint() -> Result<()> {
         "agent/src",
         "dataplane-common/src",
         "dataplane-ebpf/src",
+        "formats/src",
         "tests/src",
         "xtask/src",
     ])?;
@@ -25,19 +26,6 @@ pub(crate) fn lint() -> Result<()> {
         "clippy",
         "--workspace",
         "--all-targets",
-        "--locked",
-        "--",
-        "-D",
-        "warnings",
-    ]);
-    run(c)?;
-    // The formats alone, as the fuzz targets build them.
-    let mut c = cargo();
-    c.args([
-        "clippy",
-        "--package",
-        "weft",
-        "--no-default-features",
         "--locked",
         "--",
         "-D",

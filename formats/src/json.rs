@@ -13,14 +13,14 @@ pub struct ConfigError {
     pub reason: String,
 }
 
-pub(super) fn err(field: &'static str, reason: impl Into<String>) -> ConfigError {
+pub fn err(field: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError {
         field,
         reason: reason.into(),
     }
 }
 
-pub(super) fn get_str<'a>(
+pub fn get_str<'a>(
     obj: &'a Map<String, Value>,
     key: &'static str,
 ) -> Result<Option<&'a str>, ConfigError> {
@@ -32,10 +32,7 @@ pub(super) fn get_str<'a>(
     }
 }
 
-pub(super) fn get_u64(
-    obj: &Map<String, Value>,
-    key: &'static str,
-) -> Result<Option<u64>, ConfigError> {
+pub fn get_u64(obj: &Map<String, Value>, key: &'static str) -> Result<Option<u64>, ConfigError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => n
@@ -46,10 +43,7 @@ pub(super) fn get_u64(
     }
 }
 
-pub(super) fn get_bool(
-    obj: &Map<String, Value>,
-    key: &'static str,
-) -> Result<Option<bool>, ConfigError> {
+pub fn get_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, ConfigError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),

@@ -5,7 +5,6 @@
 //! [`Pool<Ipv6Net>`]); the arithmetic is on `u128` subnet indices, bounded
 //! whatever etcd holds.
 
-#[cfg(feature = "agent")]
 use std::collections::HashSet;
 use std::{
     fmt::{Debug, Display},
@@ -176,7 +175,7 @@ impl<N: Net> Pool<N> {
     /// Reads this family's fields, with flannel's defaults: a subnet length
     /// of /24 (IPv6: /64) for networks of /22 (/62) or larger, else two
     /// bits below the network; the second subnet to the last.
-    pub(super) fn from_object(obj: &Map<String, Value>) -> Result<Self, ConfigError> {
+    pub fn from_object(obj: &Map<String, Value>) -> Result<Self, ConfigError> {
         let f = &N::FIELDS;
         let s = get_str(obj, f.network)?.ok_or_else(|| err(f.network, f.missing))?;
         let network: N = s
@@ -310,8 +309,7 @@ impl<N: Net> Pool<N> {
     /// have handed out (the network itself, or anything wider than a
     /// quarter of it: a config leaves room for four subnets at least)
     /// takes nothing; nor does one outside the pool.
-    #[cfg(feature = "agent")]
-    pub(crate) fn taken_by(&self, key: &N) -> Option<(u64, u64)> {
+    pub fn taken_by(&self, key: &N) -> Option<(u64, u64)> {
         if key.prefix_len() < self.network.prefix_len() + 2 || !self.network.overlaps(key) {
             return None;
         }
@@ -326,8 +324,7 @@ impl<N: Net> Pool<N> {
     }
 
     /// Which subnets the keys `keys` take.
-    #[cfg(feature = "agent")]
-    pub(crate) fn taken<'a>(&self, keys: impl Iterator<Item = &'a N>) -> Taken {
+    pub fn taken<'a>(&self, keys: impl Iterator<Item = &'a N>) -> Taken {
         let mut t = Taken::default();
         for k in keys {
             match self.taken_by(k) {
@@ -354,15 +351,13 @@ impl<N: Net> Pool<N> {
 
 /// The subnets of a pool that keys take, by index: single subnets, and
 /// ranges (keys of other lengths).
-#[cfg(feature = "agent")]
 #[derive(Debug, Default)]
-pub(crate) struct Taken {
+pub struct Taken {
     exact: HashSet<u64>,
     /// Disjoint, sorted.
     ranges: Vec<(u64, u64)>,
 }
 
-#[cfg(feature = "agent")]
 impl Taken {
     /// The range holding `i`, if one does.
     fn range_of(&self, i: u64) -> Option<(u64, u64)> {
@@ -372,14 +367,14 @@ impl Taken {
             .filter(|(_, b)| i <= *b)
     }
 
-    pub(crate) fn is_free(&self, i: u64) -> bool {
+    pub fn is_free(&self, i: u64) -> bool {
         !self.exact.contains(&i) && self.range_of(i).is_none()
     }
 
     /// The first free index at or after `i`, below `count`. Each step
     /// passes a taken subnet or jumps over a range, so this costs at most
     /// as many steps as there are keys, however large the pool.
-    pub(crate) fn next_free(&self, mut i: u64, count: u64) -> Option<u64> {
+    pub fn next_free(&self, mut i: u64, count: u64) -> Option<u64> {
         while i < count {
             if let Some((_, end)) = self.range_of(i) {
                 i = end.checked_add(1)?;
@@ -396,8 +391,7 @@ impl Taken {
 /// The first `max` indices below `count` free in every one of `taken` (one
 /// per family of a lease: a dual-stack lease takes the same index in
 /// both). Bounded by the keys, not by the size of the pools.
-#[cfg(feature = "agent")]
-pub(crate) fn free_in_all(taken: &[&Taken], count: u64, max: usize) -> Vec<u64> {
+pub fn free_in_all(taken: &[&Taken], count: u64, max: usize) -> Vec<u64> {
     let mut out = Vec::new();
     let mut i = 0;
     'search: while out.len() < max {

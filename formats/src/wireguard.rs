@@ -62,7 +62,7 @@ pub struct WireguardConfig {
 
 impl WireguardConfig {
     /// Reads the `Backend` object of a config whose type is "wireguard".
-    pub(super) fn from_backend(backend: &Map<String, Value>) -> Result<Self, ConfigError> {
+    pub fn from_backend(backend: &Map<String, Value>) -> Result<Self, ConfigError> {
         let port = |key: &'static str, default: u16| -> Result<u16, ConfigError> {
             match get_u64(backend, key).map_err(|e| err(key, e.reason))? {
                 None | Some(0) => Ok(default),
@@ -137,7 +137,7 @@ impl WireguardData {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::NetworkConfig;
+    use crate::config::NetworkConfig;
 
     fn wg(backend: &str) -> Result<WireguardConfig, ConfigError> {
         NetworkConfig::parse(

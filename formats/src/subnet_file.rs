@@ -28,8 +28,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use super::key::Subnets;
 
 /// Default location, flannel's.
-#[cfg(feature = "agent")]
-pub(crate) const DEFAULT_PATH: &str = "/run/flannel/subnet.env";
+pub const DEFAULT_PATH: &str = "/run/flannel/subnet.env";
 
 /// The IPv4 or IPv6 half of a subnet.env: the cluster network and this
 /// node's subnet in it.
@@ -209,8 +208,7 @@ pub fn parse_subnet_env(text: &str) -> Result<Subnets, SubnetEnvError> {
 
 /// The subnets named in an existing file: None when there is no file; an
 /// error when the file cannot be read or makes no sense.
-#[cfg(feature = "agent")]
-pub(crate) fn read_subnet(path: &Path) -> Result<Option<Subnets>> {
+pub fn read_subnet(path: &Path) -> Result<Option<Subnets>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
