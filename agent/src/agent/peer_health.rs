@@ -46,7 +46,7 @@ impl Agent {
             return;
         }
         if let Err(e) = self.dataplane.set_path_mtus(&changes).await {
-            tracing::warn!(error = %format!("{e:#}"), "cannot apply the measured path MTUs; the next check puts the routes right");
+            tracing::warn!(target: "weft::agent", error = %format!("{e:#}"), "cannot apply the measured path MTUs; the next check puts the routes right");
         }
     }
 }

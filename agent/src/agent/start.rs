@@ -1,5 +1,9 @@
 //! The agent's start: the kernel probed, the host and the plan, etcd
 //! reached, the first lease acquired, then the loop.
+//!
+//! Its log lines keep the target they had before the start had a file of
+//! its own (`weft::agent`): operators' filters and alerts match
+//! `weft::agent: starting`.
 
 use super::*;
 
@@ -24,7 +28,7 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         .as_ref()
         .map(crate::dataplane::ProgramKernel::of)
         .unwrap_or_default();
-    tracing::info!(
+    tracing::info!(target: "weft::agent",
         node_id = host.node_id,
         public_ip = %host.public_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
         uplink = host.uplink.as_ref().map_or("-", |l| l.name.as_str()),
@@ -36,12 +40,12 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     if args.healthz_port != 0 {
         let addr = SocketAddr::new(args.healthz_ip, args.healthz_port);
         crate::http::start(addr, metrics.clone(), crate::http::Serves::All).await?;
-        tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+        tracing::info!(target: "weft::agent", %addr, "serving /healthz, /readyz and /metrics");
     }
     if args.metrics_port != 0 {
         let addr = SocketAddr::new(args.metrics_ip, args.metrics_port);
         crate::http::start(addr, metrics.clone(), crate::http::Serves::Metrics).await?;
-        tracing::info!(%addr, "serving /metrics");
+        tracing::info!(target: "weft::agent", %addr, "serving /metrics");
     }
 
     let store = EtcdStore::connect_retrying(&opts, &metrics).await?;
@@ -114,12 +118,12 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     let preferred = match lease::read_subnet(&args.subnet_file) {
         Ok(p) => p,
         Err(e) => {
-            tracing::warn!(error = %e, "ignoring the subnet file");
+            tracing::warn!(target: "weft::agent", error = %e, "ignoring the subnet file");
             None
         }
     };
     if let Some(p) = preferred {
-        tracing::info!(subnet = %p, file = %args.subnet_file.display(), "the subnet file names a subnet; it is tried only if free");
+        tracing::info!(target: "weft::agent", subnet = %p, file = %args.subnet_file.display(), "the subnet file names a subnet; it is tried only if free");
     }
     let held = agent.holder.acquire(preferred).await;
     agent.took(&held).await?;
@@ -154,14 +158,14 @@ fn kernel_features(args: &AgentArgs) -> Result<crate::dataplane::KernelFeatures>
         );
     }
     k.turn_off(&args.kernel_feature_off)?;
-    tracing::info!(
+    tracing::info!(target: "weft::agent",
         kernel = %k.release,
         probed = !k.cached,
         available = %k.features.iter().filter(|f| f.available).map(|f| f.name.as_str()).collect::<Vec<_>>().join(","),
         "kernel features"
     );
     for d in k.degraded() {
-        tracing::warn!(kernel = %k.release, feature = d.feature, "this kernel lacks an optional feature: {d}");
+        tracing::warn!(target: "weft::agent", kernel = %k.release, feature = d.feature, "this kernel lacks an optional feature: {d}");
     }
     Ok(k)
 }

@@ -109,7 +109,7 @@ pub(crate) struct Off {
 
 impl Backend for Off {
     fn set_subnet(&mut self, subnets: Subnets) -> Op<'_, ()> {
-        tracing::debug!(?subnets, "own subnets (no datapath)");
+        tracing::debug!(target: "weft::dataplane", ?subnets, "own subnets (no datapath)");
         Box::pin(async { Ok(()) })
     }
 

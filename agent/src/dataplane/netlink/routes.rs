@@ -1,5 +1,6 @@
 //! Routes: Weft's own (protocol 44), installed without taking anyone
-//! else's, listed, and removed.
+//! else's, listed, and removed. Log lines keep the module's target
+//! (`weft::dataplane::netlink`).
 
 use std::{
     collections::HashMap,
@@ -148,12 +149,12 @@ impl Netlink {
             .iter()
             .filter(|r| r.as_ref().is_err_and(exists))
             .count();
-        tracing::debug!(clashes, "routes exist already: looking at who owns them");
+        tracing::debug!(target: "weft::dataplane::netlink", clashes, "routes exist already: looking at who owns them");
         let foreign = match tokio::time::timeout(LIST_DEADLINE, self.foreign_routes(adopt)).await {
             Ok(f) => f?,
             Err(_) => {
                 // Those routes stay problems and are tried again later.
-                tracing::warn!(clashes, "listing the routes took over {LIST_DEADLINE:?}");
+                tracing::warn!(target: "weft::dataplane::netlink", clashes, "listing the routes took over {LIST_DEADLINE:?}");
                 return Ok(created
                     .into_iter()
                     .zip(routes)
@@ -256,7 +257,7 @@ impl Netlink {
         match tokio::time::timeout(REQUEST_DEADLINE, req.execute()).await {
             Ok(r) => r,
             Err(_) => {
-                tracing::warn!(dst = %route.dst, prefix_len = route.prefix_len, "no answer from netlink within {REQUEST_DEADLINE:?}");
+                tracing::warn!(target: "weft::dataplane::netlink", dst = %route.dst, prefix_len = route.prefix_len, "no answer from netlink within {REQUEST_DEADLINE:?}");
                 Err(rtnetlink::Error::RequestFailed)
             }
         }
@@ -369,7 +370,7 @@ impl Netlink {
             })
             .with_context(|| format!("listing {family} routes"))?;
         if malformed > 0 {
-            tracing::warn!(
+            tracing::warn!(target: "weft::dataplane::netlink",
                 malformed,
                 family,
                 "route messages that did not parse were skipped"
