@@ -561,15 +561,23 @@ fn sandboxes_on_flannels_chain_are_adopted_from_containerds_cache() {
         );
     }
 
-    // Weft's agents start (again) and find them in the cache.
+    // Weft's agents start (again) and find them in the cache. The pinned
+    // endpoints outlive the agent that wrote them: what counts is that the
+    // agent now running is up, ready, and has adopted the sandbox itself.
     for n in c.nodes.iter_mut() {
         n.agent.restart().unwrap();
     }
     for (n, p) in c.nodes.iter().zip(&pods) {
-        eventually("the sandbox is adopted", t(), || {
-            let e = endpoints_at(&n.pins);
-            e.contains(&p.ip(false).unwrap()).then_some(())
+        n.wait_dataplane_up(t());
+        n.wait_metric("weft_ready", |v| v == 1.0, t());
+        let pid = i64::from(n.agent.pid());
+        eventually("the sandbox is adopted by the running agent", t(), || {
+            let st = n.status_json()?;
+            (st["pid"].as_i64() == Some(pid) && st["endpoints_adopted"].as_u64() == Some(1))
+                .then_some(())
         });
+        let e = endpoints_at(&n.pins);
+        assert!(e.contains(&p.ip(false).unwrap()), "{e:?}");
     }
     for (n, p) in c.nodes.iter().zip(&pods) {
         let list = listed(&n.node, &n.agent, &n.pins);
