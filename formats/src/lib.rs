@@ -16,3 +16,5 @@ pub mod pool;
 pub mod subnet_file;
 pub mod wgkey;
 pub mod wireguard;
+#[cfg(test)]
+mod wireguard_tests;
