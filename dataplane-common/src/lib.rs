@@ -313,6 +313,129 @@ pub const CONFIG_F_WIREGUARD: u32 = 256;
 /// The agent sets and clears it at run time. Adding it changed no map.
 pub const CONFIG_F_TRACE_DROPS: u32 = 512;
 
+/// The flags of [`DataplaneConfig`] by name, and the fields the wireguard
+/// backend gives another meaning, under the names of what they hold there.
+impl DataplaneConfig {
+    const fn has(&self, flag: u32) -> bool {
+        self.flags & flag != 0
+    }
+
+    /// [`CONFIG_F_READY`].
+    #[inline(always)]
+    pub const fn ready(&self) -> bool {
+        self.has(CONFIG_F_READY)
+    }
+
+    /// [`CONFIG_F_BYPASS`]: host routing takes what it may.
+    #[inline(always)]
+    pub const fn bypass(&self) -> bool {
+        self.has(CONFIG_F_BYPASS)
+    }
+
+    /// [`CONFIG_F_CT_GATE`]: conntrack decides what bypasses.
+    #[inline(always)]
+    pub const fn ct_gate(&self) -> bool {
+        self.has(CONFIG_F_CT_GATE)
+    }
+
+    /// [`CONFIG_F_IPV4`].
+    #[inline(always)]
+    pub const fn ipv4(&self) -> bool {
+        self.has(CONFIG_F_IPV4)
+    }
+
+    /// [`CONFIG_F_IPV6`].
+    #[inline(always)]
+    pub const fn ipv6(&self) -> bool {
+        self.has(CONFIG_F_IPV6)
+    }
+
+    /// A pod's packets are looked at on its veth: their source is checked
+    /// ([`CONFIG_F_SOURCE_CHECK`]), which host routing implies.
+    #[inline(always)]
+    pub const fn checks_pods(&self) -> bool {
+        self.has(CONFIG_F_BYPASS | CONFIG_F_SOURCE_CHECK)
+    }
+
+    /// [`CONFIG_F_KERNEL_RX`]: the kernel's vxlan device decapsulates.
+    #[inline(always)]
+    pub const fn kernel_rx(&self) -> bool {
+        self.has(CONFIG_F_KERNEL_RX)
+    }
+
+    /// [`CONFIG_F_PATH_MTU`]: per-peer path MTUs.
+    #[inline(always)]
+    pub const fn path_mtu(&self) -> bool {
+        self.has(CONFIG_F_PATH_MTU)
+    }
+
+    /// [`CONFIG_F_WIREGUARD`]: the wireguard backend.
+    #[inline(always)]
+    pub const fn wireguard(&self) -> bool {
+        self.has(CONFIG_F_WIREGUARD)
+    }
+
+    /// [`CONFIG_F_TRACE_DROPS`].
+    #[inline(always)]
+    pub const fn trace_drops(&self) -> bool {
+        self.has(CONFIG_F_TRACE_DROPS)
+    }
+
+    /// Under [`CONFIG_F_WIREGUARD`]: the IPv4 WireGuard device (held in
+    /// `uplink_ifindex`).
+    #[inline(always)]
+    pub const fn wg4_ifindex(&self) -> u32 {
+        self.uplink_ifindex
+    }
+
+    /// Under [`CONFIG_F_WIREGUARD`]: the IPv4 WireGuard device's MTU (held
+    /// in `uplink_mtu`).
+    #[inline(always)]
+    pub const fn wg4_mtu(&self) -> u32 {
+        self.uplink_mtu
+    }
+
+    /// Under [`CONFIG_F_WIREGUARD`]: the IPv6 WireGuard device (held in
+    /// `overlay6_ifindex`).
+    #[inline(always)]
+    pub const fn wg6_ifindex(&self) -> u32 {
+        self.overlay6_ifindex
+    }
+
+    /// Under [`CONFIG_F_WIREGUARD`]: the IPv6 WireGuard device's MTU (held
+    /// in `overlay6_mtu`).
+    #[inline(always)]
+    pub const fn wg6_mtu(&self) -> u32 {
+        self.overlay6_mtu
+    }
+}
+
+impl Vtep {
+    /// [`VTEP_F_DIRECT`]: sent as is, without encapsulation.
+    #[inline(always)]
+    pub const fn direct(&self) -> bool {
+        self.flags & VTEP_F_DIRECT != 0
+    }
+}
+
+impl PodIf {
+    /// The pod's IPv4 address, if it has one ([`POD_IF_V4`]).
+    #[inline(always)]
+    pub const fn ip4(&self) -> Option<u32> {
+        if self.flags & POD_IF_V4 != 0 {
+            Some(self.ip4_be)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the pod has an IPv6 address ([`POD_IF_V6`]), `ip6`.
+    #[inline(always)]
+    pub const fn has_ip6(&self) -> bool {
+        self.flags & POD_IF_V6 != 0
+    }
+}
+
 /// The path MTU a peer not yet measured is given (outer IPv4 packet,
 /// header included), where the uplink's is larger.
 pub const DEFAULT_PATH_MTU: u32 = 1500;

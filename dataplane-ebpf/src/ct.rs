@@ -54,7 +54,10 @@ use aya_ebpf::{
 };
 use dataplane_common::{CtRequest, DataplaneConfig};
 
-use crate::maps::{WEFT_CT_ASKED, WEFT_CT_REQUESTS};
+use crate::{
+    headers::{IPPROTO_TCP, IPPROTO_UDP},
+    maps::{WEFT_CT_ASKED, WEFT_CT_REQUESTS},
+};
 
 /// `struct bpf_sock_tuple` for IPv4 (the kernel's is a union; 12 bytes).
 #[repr(C)]
@@ -188,8 +191,6 @@ const IPS_NAT_MASK: u64 = (1 << 4) | (1 << 5);
 const TCP_CONNTRACK_ESTABLISHED: u8 = 3;
 /// `IP_CT_TCP_FLAG_BE_LIBERAL`.
 const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
-pub(crate) const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;

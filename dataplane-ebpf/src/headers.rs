@@ -22,6 +22,7 @@ pub(crate) const INNER_ETH6: usize = ETH_LEN + IPV6_LEN + UDP_LEN + VXLAN_LEN;
 
 pub(crate) const ETH_P_IP: u16 = 0x0800;
 pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
+pub(crate) const IPPROTO_TCP: u8 = 6;
 pub(crate) const IPPROTO_UDP: u8 = 17;
 /// RFC 7348: the I flag, "VNI valid".
 pub(crate) const VXLAN_FLAG_VNI: u8 = 0x08;

@@ -83,7 +83,5 @@ pub(crate) fn count(reason: Reason, bytes: u32) {
 
 #[inline(always)]
 pub(crate) fn config() -> Option<&'static DataplaneConfig> {
-    WEFT_CONFIG
-        .get(0)
-        .filter(|c| c.flags & dataplane_common::CONFIG_F_READY != 0)
+    WEFT_CONFIG.get(0).filter(|c| c.ready())
 }

@@ -4,6 +4,8 @@
 use aya_ebpf::programs::TcContext;
 use dataplane_common::Reason;
 
+use crate::headers::csum_replace;
+
 /// Reads a `T` at `off` bytes into the packet `[data, end)`, or None when
 /// it does not lie entirely inside.
 #[inline(always)]
@@ -84,4 +86,18 @@ pub(crate) fn in_subnet6(a: &[u8; 16], net: &[u8; 16], mask: &[u8; 16]) -> bool 
 #[inline(always)]
 pub(crate) fn in_subnet4(a: u32, net: u32, mask: u32) -> bool {
     mask != 0 && a & mask == net
+}
+
+/// Decrements the TTL of the IPv4 header at `off`, updating its checksum.
+#[inline(always)]
+pub(crate) fn dec_ttl(data: usize, end: usize, off: usize) -> bool {
+    let (Some(w), Some(csum)) = (
+        read::<[u8; 2]>(data, end, off + 8),
+        read::<u16>(data, end, off + 10),
+    ) else {
+        return false;
+    };
+    let new = [w[0].wrapping_sub(1), w[1]];
+    let csum = csum_replace(csum, u16::from_ne_bytes(w), u16::from_ne_bytes(new));
+    write(data, end, off + 8, new) && write(data, end, off + 10, csum)
 }

@@ -12,19 +12,19 @@ use aya_log_ebpf::warn;
 
 use aya_ebpf::programs::{TcContext, XdpContext};
 
-use dataplane_common::CONFIG_F_TRACE_DROPS;
-
 use crate::{maps::config, packet::read, verdict::Dropped};
 
 /// Whether the agent has the drop trace on.
 #[inline(always)]
 fn tracing() -> bool {
-    config().is_some_and(|c| c.flags & CONFIG_F_TRACE_DROPS != 0)
+    config().is_some_and(|c| c.trace_drops())
 }
 
 /// The packet's bounds and device, for the programs' contexts.
 pub(crate) trait Frame: EbpfContext {
     fn bounds(&self) -> (usize, usize);
+    /// The frame's length (TC: the whole packet's, XDP: the buffer's).
+    fn frame_len(&self) -> u32;
     /// The device the frame arrived on.
     fn ifindex(&self) -> u32;
 }
@@ -32,6 +32,9 @@ pub(crate) trait Frame: EbpfContext {
 impl Frame for TcContext {
     fn bounds(&self) -> (usize, usize) {
         (self.data(), self.data_end())
+    }
+    fn frame_len(&self) -> u32 {
+        self.len()
     }
     fn ifindex(&self) -> u32 {
         // SAFETY: the context's __sk_buff is valid for the program's run.
@@ -42,6 +45,9 @@ impl Frame for TcContext {
 impl Frame for XdpContext {
     fn bounds(&self) -> (usize, usize) {
         (self.data(), self.data_end())
+    }
+    fn frame_len(&self) -> u32 {
+        (self.data_end() - self.data()) as u32
     }
     fn ifindex(&self) -> u32 {
         // SAFETY: the context's xdp_md is valid for the program's run.

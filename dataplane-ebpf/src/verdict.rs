@@ -1,15 +1,53 @@
-//! What a program body returns: a verdict to count, or a drop to count and
-//! trace. The entry points count exactly once.
+//! What a program body returns: a verdict to count (`Done`), or a drop to
+//! count and trace (`Dropped`). `run` counts it.
 
+use aya_ebpf::bindings::TC_ACT_OK;
 use dataplane_common::Reason;
 
-/// A packet handled: the action to return, the counter it goes to, and the
-/// bytes to count.
+/// A packet handled: the action to return, the counter it goes to (none:
+/// another program counts it) and the bytes to count.
 #[derive(Clone, Copy)]
 pub(crate) struct Done<A> {
     pub(crate) action: A,
-    pub(crate) reason: Reason,
+    pub(crate) reason: Option<Reason>,
     pub(crate) bytes: u32,
+}
+
+impl<A> Done<A> {
+    /// `action`, counted under `reason` with `bytes`.
+    #[inline(always)]
+    pub(crate) const fn new(action: A, reason: Reason, bytes: u32) -> Self {
+        Self {
+            action,
+            reason: Some(reason),
+            bytes,
+        }
+    }
+
+    /// `action`, counted by no counter (another program counts the packet,
+    /// or it is the device's own housekeeping).
+    #[inline(always)]
+    pub(crate) const fn uncounted(action: A) -> Self {
+        Self {
+            action,
+            reason: None,
+            bytes: 0,
+        }
+    }
+
+    /// Whether the packet was taken (not passed on as it came).
+    #[inline(always)]
+    pub(crate) fn taken(&self) -> bool {
+        matches!(self.reason, Some(r) if !matches!(r, Reason::Passed))
+    }
+}
+
+impl Done<i32> {
+    /// A TC program passes the `len`-byte packet on, counted as passed.
+    #[inline(always)]
+    pub(crate) const fn pass(len: u32) -> Self {
+        Self::new(TC_ACT_OK, Reason::Passed, len)
+    }
 }
 
 /// A packet refused: why, and where its addresses are for `--trace-drops`:
@@ -50,3 +88,6 @@ impl From<Reason> for Dropped {
         Self::at(reason, 0, 0)
     }
 }
+
+/// What a body returns.
+pub(crate) type Verdict<A> = Result<Done<A>, Dropped>;

@@ -36,7 +36,7 @@ use crate::{
     headers::{ENCAP6_LEN, ETH_LEN, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
     maps::WEFT_PEERS6,
     packet::{eq16, linear, read, write},
-    verdict::{Done, Dropped},
+    verdict::{Done, Dropped, Verdict},
 };
 
 /// The outer hop limit, as the kernel's vxlan device sets it by default.
@@ -154,7 +154,7 @@ pub(crate) fn too_big6(ctx: &TcContext, cfg: &DataplaneConfig, len: u32) -> bool
 
 /// Encapsulation over IPv6, at the IPv6 overlay device's egress.
 #[inline(always)]
-pub(crate) fn encap6(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dropped> {
+pub(crate) fn encap6(ctx: &TcContext, cfg: &DataplaneConfig) -> Verdict<i32> {
     let len = ctx.len();
     let (data, end) = linear(ctx, ETH_LEN + IPV6_LEN)?;
     let eth = read::<EthHdr>(data, end, 0).ok_or(Reason::DropMalformed)?;
@@ -171,18 +171,18 @@ pub(crate) fn encap6(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>
         return Err(drop(Reason::DropError));
     }
     set_tunnel(ctx, cfg, &vtep).map_err(|()| drop(Reason::DropError))?;
-    Ok(Done {
-        action: TC_ACT_OK,
-        reason: Reason::Encapsulated,
-        bytes: len + ENCAP6_LEN as u32,
-    })
+    Ok(Done::new(
+        TC_ACT_OK,
+        Reason::Encapsulated,
+        len + ENCAP6_LEN as u32,
+    ))
 }
 
 /// What the kernel decapsulated, at the IPv6 overlay device's ingress: our
 /// VNI, from a known VTEP, an inner source of that VTEP's subnet (or the
 /// VTEP itself), as the uplink's programs check.
 #[inline(always)]
-pub(crate) fn tunnel_rx(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dropped> {
+pub(crate) fn tunnel_rx(ctx: &TcContext, cfg: &DataplaneConfig) -> Verdict<i32> {
     let len = ctx.len();
     let Some((key, v6)) = tunnel_key(ctx) else {
         return Err(Reason::DropMalformed.into());
@@ -226,9 +226,5 @@ pub(crate) fn tunnel_rx(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i
     // device, not necessarily this one's: take it as ours.
     // SAFETY: the helper only sets the context's sk_buff's packet type.
     unsafe { bpf_skb_change_type(ctx.skb.skb, PACKET_HOST) };
-    Ok(Done {
-        action: TC_ACT_OK,
-        reason: Reason::Decapsulated,
-        bytes: len,
-    })
+    Ok(Done::new(TC_ACT_OK, Reason::Decapsulated, len))
 }

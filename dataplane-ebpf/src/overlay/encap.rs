@@ -17,25 +17,23 @@
 use aya_ebpf::{
     bindings::{
         BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L4_UDP,
-        BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_OK, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_redir_neigh,
+        BPF_F_ADJ_ROOM_FIXED_GSO, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_redir_neigh,
         bpf_redir_neigh__bindgen_ty_1,
     },
     helpers::generated::{bpf_get_hash_recalc, bpf_get_prandom_u32, bpf_redirect_neigh},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
-use dataplane_common::{
-    CONFIG_F_PATH_MTU, DEFAULT_PATH_MTU, DataplaneConfig, PROBE_MARK, Reason, Vtep,
-};
+use dataplane_common::{DEFAULT_PATH_MTU, DataplaneConfig, PROBE_MARK, Reason, Vtep};
 
 use crate::{
     headers::{
-        ENCAP_LEN, ETH_LEN, ETH_P_IP, EncapHdr, EthHdr, IPPROTO_UDP, IPV4_LEN, Ipv4Hdr, UdpHdr,
-        VXLAN_FLAG_VNI, VxlanHdr, ipv4_csum,
+        ENCAP_LEN, ETH_LEN, ETH_P_IP, EncapHdr, EthHdr, IPPROTO_TCP, IPPROTO_UDP, IPV4_LEN,
+        Ipv4Hdr, UdpHdr, VXLAN_FLAG_VNI, VxlanHdr, ipv4_csum,
     },
     maps::{WEFT_PATH_MTU, WEFT_PEERS},
     packet::{linear, read, write},
-    verdict::{Done, Dropped},
+    verdict::{Done, Dropped, Verdict},
 };
 
 /// `BPF_F_ADJ_ROOM_ENCAP_L2(len)`: the inner L2 header length.
@@ -56,16 +54,12 @@ const SPORT_MAX: u32 = 60999;
 /// Encapsulation on the overlay device: the host stack routed the packet
 /// here (a pod's packet on the legacy path, or the node's own).
 #[inline(always)]
-pub(crate) fn encap(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dropped> {
+pub(crate) fn encap(ctx: &TcContext, cfg: &DataplaneConfig) -> Verdict<i32> {
     let (data, end) = linear(ctx, ETH_LEN + IPV4_LEN)?;
     let eth = read::<EthHdr>(data, end, 0).ok_or(Reason::DropMalformed)?;
     if eth.proto != ETH_P_IP.to_be() {
         // The overlay device carries IPv4 only; the device itself drops it.
-        return Ok(Done {
-            action: TC_ACT_OK,
-            reason: Reason::Passed,
-            bytes: ctx.len(),
-        });
+        return Ok(Done::pass(ctx.len()));
     }
     let inner = read::<Ipv4Hdr>(data, end, ETH_LEN).ok_or(Reason::DropMalformed)?;
     let drop = |r: Reason| Dropped::at(r, inner.saddr, inner.daddr);
@@ -80,11 +74,11 @@ pub(crate) fn encap(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>,
     // the size against it.
     let df = path(ctx, cfg, &vtep, outer_len(len)).df;
     let new_len = encapsulate(ctx, cfg, &inner, &vtep, df).map_err(drop)?;
-    Ok(Done {
-        action: redirect_to_uplink(cfg),
-        reason: Reason::Encapsulated,
-        bytes: new_len,
-    })
+    Ok(Done::new(
+        redirect_to_uplink(cfg),
+        Reason::Encapsulated,
+        new_len,
+    ))
 }
 
 /// The outer IPv4 packet's length for a `len`-byte frame (Ethernet header
@@ -113,7 +107,7 @@ pub(crate) struct Path {
 /// [`DEFAULT_PATH_MTU`] (don't-fragment on the prober's packets only).
 #[inline(always)]
 pub(crate) fn path(ctx: &TcContext, cfg: &DataplaneConfig, vtep: &Vtep, outer: u32) -> Path {
-    if cfg.flags & CONFIG_F_PATH_MTU == 0 || outer <= SMALL {
+    if !cfg.path_mtu() || outer <= SMALL {
         return Path {
             mtu: cfg.uplink_mtu,
             df: false,
@@ -240,4 +234,36 @@ pub(crate) fn encapsulate(
         return Err(Reason::DropError);
     }
     Ok(new_len)
+}
+
+/// The outer IPv4 packet's length on the wire once `ip`'s `len`-byte
+/// frame is encapsulated: the frame's, or for a GSO packet one segment's
+/// (its size, the IPv4 header and the TCP or UDP header). None for a GSO
+/// packet whose headers are out of reach or of another kind.
+#[inline(always)]
+pub(crate) fn outer_segment(
+    ctx: &TcContext,
+    data: usize,
+    end: usize,
+    len: u32,
+    ip: &Ipv4Hdr,
+) -> Option<u32> {
+    // SAFETY: reading a field of the context's own sk_buff.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    if gso_size == 0 {
+        return Some(outer_len(len));
+    }
+    let l3 = u32::from(ip.ver_ihl & 0x0f) * 4;
+    let l4 = match ip.proto {
+        IPPROTO_TCP => {
+            let off = read::<u8>(data, end, ETH_LEN + IPV4_LEN + 12)?;
+            if l3 != IPV4_LEN as u32 {
+                return None;
+            }
+            u32::from(off >> 4) * 4
+        }
+        IPPROTO_UDP => 8,
+        _ => return None,
+    };
+    Some(gso_size + l3 + l4 + ENCAP_LEN as u32)
 }

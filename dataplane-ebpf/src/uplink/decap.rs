@@ -3,7 +3,7 @@
 //! Shared by the XDP program and its TC fallback: both see the outer
 //! Ethernet frame at `data` and only differ in how they strip the headers.
 
-use dataplane_common::{CONFIG_F_IPV4, CONFIG_F_IPV6, DataplaneConfig, Reason};
+use dataplane_common::{DataplaneConfig, Reason};
 
 use crate::{
     family::{Family, V4, V6, whose},
@@ -80,9 +80,9 @@ pub(crate) fn classify(
     let Some(eth) = read::<EthHdr>(data, end, 0) else {
         return Ok(Classified::NotOurs);
     };
-    if eth.proto == ETH_P_IP.to_be() && cfg.flags & CONFIG_F_IPV4 != 0 {
+    if eth.proto == ETH_P_IP.to_be() && cfg.ipv4() {
         classify4(data, end, cfg)
-    } else if eth.proto == ETH_P_IPV6.to_be() && cfg.flags & CONFIG_F_IPV6 != 0 {
+    } else if eth.proto == ETH_P_IPV6.to_be() && cfg.ipv6() {
         classify6(data, end, cfg)
     } else {
         Ok(Classified::NotOurs)

@@ -8,17 +8,15 @@ use aya_ebpf::{
     helpers::generated::{bpf_xdp_adjust_head, bpf_xdp_adjust_meta},
     programs::{TcContext, XdpContext},
 };
-use dataplane_common::{
-    CONFIG_F_BYPASS, CONFIG_F_KERNEL_RX, DataplaneConfig, Reason, XDP_DECAP_MARK,
-};
+use dataplane_common::{DataplaneConfig, Reason, XDP_DECAP_MARK};
 
 use crate::{
-    bypass,
-    decap::{CLASSIFY_LEN4, Classified, Decap, classify, classify_len, set_ce},
     family::{Family, V4, V6},
     headers::{ETH_LEN, IPV4_LEN, IPV6_LEN},
     packet::{linear, read, write},
-    verdict::{Done, Dropped},
+    pod::deliver,
+    uplink::decap::{CLASSIFY_LEN4, Classified, Decap, classify, classify_len, set_ce},
+    verdict::{Done, Dropped, Verdict},
 };
 
 /// The reason a frame the programs pass on is counted under.
@@ -31,17 +29,13 @@ fn passed(c: Classified) -> Reason {
 }
 
 #[inline(always)]
-pub(crate) fn xdp(ctx: &XdpContext, cfg: &DataplaneConfig) -> Result<Done<u32>, Dropped> {
+pub(crate) fn xdp(ctx: &XdpContext, cfg: &DataplaneConfig) -> Verdict<u32> {
     let (data, end) = (ctx.data(), ctx.data_end());
     let len = (end - data) as u32;
     let decap = match classify(data, end, cfg)? {
         Classified::Ours(d) => d,
         other => {
-            return Ok(Done {
-                action: xdp_action::XDP_PASS,
-                reason: passed(other),
-                bytes: len,
-            });
+            return Ok(Done::new(xdp_action::XDP_PASS, passed(other), len));
         }
     };
     // SAFETY: the helper checks the new head against the buffer.
@@ -54,62 +48,42 @@ pub(crate) fn xdp(ctx: &XdpContext, cfg: &DataplaneConfig) -> Result<Done<u32>, 
     if !write(data, end, 0, cfg.uplink_mac) || decap.set_ce && !set_ce(data, end, decap.v6) {
         return Err(Reason::DropError.into());
     }
-    if cfg.flags & CONFIG_F_BYPASS != 0 && xdp_mark() {
+    if cfg.bypass() && xdp_mark() {
         mark(ctx);
     }
-    Ok(Done {
-        action: xdp_action::XDP_PASS,
-        reason: Reason::Decapsulated,
-        bytes: len - decap.len,
-    })
+    Ok(Done::new(
+        xdp_action::XDP_PASS,
+        Reason::Decapsulated,
+        len - decap.len,
+    ))
 }
 
 #[inline(always)]
-pub(crate) fn tc(ctx: &TcContext, cfg: &DataplaneConfig) -> Result<Done<i32>, Dropped> {
+pub(crate) fn tc(ctx: &TcContext, cfg: &DataplaneConfig) -> Verdict<i32> {
     let len = ctx.len();
     let (data, end) = linear(ctx, CLASSIFY_LEN4)?;
     let (data, end) = linear(ctx, classify_len(data, end))?;
     let decap = match classify(data, end, cfg)? {
         Classified::Ours(d) => d,
         Classified::Fragment => {
-            return Ok(Done {
-                action: TC_ACT_OK,
-                reason: Reason::Fragmented,
-                bytes: len,
-            });
+            return Ok(Done::new(TC_ACT_OK, Reason::Fragmented, len));
         }
         Classified::NotOurs => {
             // Not VXLAN: a direct peer's pod may be sending to one of ours.
-            if let Some(action) = bypass::deliver_direct(ctx, cfg) {
-                return Ok(Done {
-                    action,
-                    reason: Reason::DirectRx,
-                    bytes: len,
-                });
+            if let Some(action) = deliver::deliver_direct(ctx, cfg) {
+                return Ok(Done::new(action, Reason::DirectRx, len));
             }
-            return Ok(Done {
-                action: TC_ACT_OK,
-                reason: Reason::Passed,
-                bytes: len,
-            });
+            return Ok(Done::pass(len));
         }
     };
-    if cfg.flags & CONFIG_F_KERNEL_RX != 0 {
+    if cfg.kernel_rx() {
         return to_pod_or_kernel(ctx, cfg, decap, len);
     }
     strip_tc(ctx, decap)?;
-    if let Some(action) = bypass::deliver(ctx, cfg) {
-        return Ok(Done {
-            action,
-            reason: Reason::DecapBypass,
-            bytes: len - decap.len,
-        });
+    if let Some(action) = deliver::deliver(ctx, cfg) {
+        return Ok(Done::new(action, Reason::DecapBypass, len - decap.len));
     }
-    Ok(Done {
-        action: TC_ACT_OK,
-        reason: Reason::Decapsulated,
-        bytes: len - decap.len,
-    })
+    Ok(Done::new(TC_ACT_OK, Reason::Decapsulated, len - decap.len))
 }
 
 /// A checked frame with the kernel's vxlan device behind the uplink
@@ -123,33 +97,25 @@ fn to_pod_or_kernel(
     cfg: &DataplaneConfig,
     decap: Decap,
     len: u32,
-) -> Result<Done<i32>, Dropped> {
-    let pass = Done {
-        action: TC_ACT_OK,
-        reason: Reason::Passed,
-        bytes: len,
-    };
+) -> Verdict<i32> {
+    let pass = Done::pass(len);
     // The inner IP header and the transport header's ports and flags.
     let ip_len = if decap.v6 { IPV6_LEN } else { IPV4_LEN };
     let (data, end) = linear(ctx, ETH_LEN + decap.len as usize + ip_len + 14)?;
     let ep = if decap.v6 {
-        bypass::endpoint::<V6>(ctx, cfg, data, end, ETH_LEN + V6::ENCAP_LEN)
+        deliver::endpoint::<V6>(ctx, cfg, data, end, ETH_LEN + V6::ENCAP_LEN)
     } else {
-        bypass::endpoint::<V4>(ctx, cfg, data, end, ETH_LEN + V4::ENCAP_LEN)
+        deliver::endpoint::<V4>(ctx, cfg, data, end, ETH_LEN + V4::ENCAP_LEN)
     };
     let Some(ep) = ep else {
         return Ok(pass);
     };
     strip_tc(ctx, decap)?;
     let (data, end) = linear(ctx, ETH_LEN + IPV6_LEN)?;
-    let Some(action) = bypass::into_pod(ctx, data, end, &ep, decap.v6) else {
+    let Some(action) = deliver::into_pod(ctx, data, end, &ep, decap.v6) else {
         return Err(Reason::DropError.into());
     };
-    Ok(Done {
-        action,
-        reason: Reason::DecapBypass,
-        bytes: len - decap.len,
-    })
+    Ok(Done::new(action, Reason::DecapBypass, len - decap.len))
 }
 
 /// Strips a classified frame in TC, and carries a congestion mark inward.
