@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::dataplane::selftest;
+use crate::dataplane::programs::selftest;
 
 pub(crate) fn selftest(bpffs: &Path, verbose: bool) -> Result<()> {
     let outcomes = selftest::run(

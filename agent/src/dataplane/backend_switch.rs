@@ -14,13 +14,12 @@
 use anyhow::Result;
 use dataplane_common::CONFIG_F_WIREGUARD;
 
-use super::{
-    bpffs::PinDir,
-    maps::PeerMaps,
-    netlink::Netlink,
-    teardown::{remove_links, remove_maps},
-    wireguard,
-};
+use crate::dataplane::maps::PeerMaps;
+use crate::dataplane::teardown::remove_links;
+use crate::dataplane::teardown::remove_maps;
+use crate::dataplane::wireguard;
+use crate::sys::bpffs::PinDir;
+use crate::sys::netlink::Netlink;
 
 /// The backend a node runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

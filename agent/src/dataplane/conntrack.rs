@@ -24,10 +24,13 @@ use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
 use dataplane_common::{CtRequest, map_names};
 
-use super::{
-    bpffs::PinDir,
-    nfnetlink::{Attr, NLM_F_ACK, NLM_F_REQUEST, Socket, is_enoent, message},
-};
+use crate::sys::bpffs::PinDir;
+use crate::sys::nfnetlink::Attr;
+use crate::sys::nfnetlink::NLM_F_ACK;
+use crate::sys::nfnetlink::NLM_F_REQUEST;
+use crate::sys::nfnetlink::Socket;
+use crate::sys::nfnetlink::is_enoent;
+use crate::sys::nfnetlink::message;
 
 /// What the programs refresh a fast-path flow's entry to, and when.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,7 +51,7 @@ impl Refresh {
     /// set them on each packet it saw (defaults where unreadable).
     pub(crate) fn read() -> Self {
         let secs = |name: &str, default: u64| {
-            super::sysctl::read(&format!("net.netfilter.{name}"))
+            crate::sys::sysctl::read(&format!("net.netfilter.{name}"))
                 .ok()
                 .and_then(|s| s.parse::<u64>().ok())
                 .unwrap_or(default)

@@ -25,12 +25,14 @@ use std::{
 use anyhow::Result;
 use dataplane_common::{Endpoint, POD_IF_V4, POD_IF_V6, PodIf, program_names};
 
-use super::{
-    bpffs::PinDir,
-    loader::{self, Attachment, Hook, Loaded},
-    maps::EndpointMap,
-    netlink::{Link, Netlink},
-};
+use crate::dataplane::maps::EndpointMap;
+use crate::dataplane::programs::loader;
+use crate::dataplane::programs::loader::Attachment;
+use crate::dataplane::programs::loader::Hook;
+use crate::dataplane::programs::loader::Loaded;
+use crate::sys::bpffs::PinDir;
+use crate::sys::netlink::Link;
+use crate::sys::netlink::Netlink;
 use crate::{lease::Subnets, mac::MacAddr};
 
 /// An endpoint as registered (by the CNI plugin).

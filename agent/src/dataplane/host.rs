@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
-use super::sysctl;
+use crate::sys::sysctl;
 
 const SAVED: &str = "saved-sysctls";
 

@@ -22,8 +22,9 @@ use aya::Pod;
 use aya::maps::MapError;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::{bpffs::PinDir, types::Peer};
+use crate::dataplane::types::Peer;
 use crate::mac::MacAddr;
+use crate::sys::bpffs::PinDir;
 
 /// Opens a pinned map by name.
 pub(crate) fn open_pinned(pins: &PinDir, name: &str) -> Result<Map> {

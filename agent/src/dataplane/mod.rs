@@ -12,34 +12,19 @@
 
 mod backend;
 mod backend_switch;
-mod bpffs;
-mod bpffs_hold;
-mod btf;
 mod config;
 mod conntrack;
 mod endpoints;
-mod events;
-mod generations;
 mod host;
-mod kernel;
-mod kfuncs;
-mod load_programs;
-mod loader;
 mod maps;
 mod names;
 mod netfilter;
 pub(crate) mod netkit;
-mod netlink;
-mod nfnetlink;
-mod nftables;
-mod object;
 mod overlay;
-mod program_ids;
-pub(crate) mod selftest;
-mod sysctl;
+pub(crate) mod programs;
 mod teardown;
 pub(crate) mod trace;
-mod types;
+pub(crate) mod types;
 pub mod wireguard;
 
 use std::{collections::HashSet, sync::Arc};
@@ -47,31 +32,31 @@ use std::{collections::HashSet, sync::Arc};
 use anyhow::Result;
 use ipnet::IpNet;
 
-pub use bpffs::{DEFAULT_DIR as DEFAULT_PIN_DIR, PinDir, is_bpffs};
+pub use crate::sys::bpffs::{DEFAULT_DIR as DEFAULT_PIN_DIR, PinDir, is_bpffs};
 pub(crate) use endpoints::pod_ifs;
 pub use endpoints::{EndpointSpec, EndpointSync};
-pub use kernel::ProgramKernel;
-pub use loader::{Attachment, Hook, LoadOptions, Loaded, detach, ifindex};
 pub use maps::{Counters, EndpointMap, PeerMaps};
 pub(crate) use names::{device_name, device6_name};
 pub(crate) use overlay::{Healed, Overlay, ProgramsState, Verified};
+pub use programs::kernel::ProgramKernel;
+pub use programs::loader::{Attachment, Hook, LoadOptions, Loaded, detach, ifindex};
 pub use types::{DataplaneSpec, HostRouting, Peer, PeerUpdate, XdpMode};
 pub(crate) use types::{DecapChoice, DecapHook, Family};
 
+pub(crate) use crate::sys::netlink::events::watch as watch_changes;
+pub(crate) use crate::sys::netlink::{Link, Netlink};
+pub(crate) use crate::sys::sysctl::{read as read_sysctl, read_iface as read_iface_sysctl};
 pub(crate) use conntrack::LiberalStats;
-pub(crate) use events::watch as watch_changes;
-pub use generations::Swapped;
-pub(crate) use kernel::{KernelFeatures, names as kernel_features};
-pub(crate) use loader::{link_pin_path, pinned_links, pinned_program};
-pub(crate) use netlink::{Link, Netlink};
 pub use overlay::{Problem, ProblemKind};
-pub(crate) use sysctl::{read as read_sysctl, read_iface as read_iface_sysctl};
+pub use programs::generations::Swapped;
+pub(crate) use programs::kernel::{KernelFeatures, names as kernel_features};
+pub(crate) use programs::loader::{link_pin_path, pinned_links, pinned_program};
 pub(crate) use teardown::teardown;
 
 /// Puts back the previous generation of programs (see
-/// [`generations::rollback`]).
+/// [`programs::generations::rollback`]).
 pub fn rollback(pins: &PinDir) -> Result<Vec<Swapped>> {
-    generations::rollback(pins)
+    programs::generations::rollback(pins)
 }
 
 use self::backend::Backend;

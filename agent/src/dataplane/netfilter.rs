@@ -44,7 +44,7 @@
 use anyhow::Result;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::nftables::{
+use crate::sys::nftables::{
     self, ChainSpec, Expr, Family, MASQ_RANDOM_FULLY, NF_INET_FORWARD, NF_INET_POST_ROUTING, Rule,
     TableSpec,
 };

@@ -5,14 +5,16 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result};
 
-use super::{
-    bpffs::PinDir,
-    generations, host,
-    loader::{self, off_runtime},
-    names::{device_name, device6_name, receive_device_name},
-    netfilter,
-    netlink::Netlink,
-};
+use crate::dataplane::host;
+use crate::dataplane::names::device_name;
+use crate::dataplane::names::device6_name;
+use crate::dataplane::names::receive_device_name;
+use crate::dataplane::netfilter;
+use crate::dataplane::programs::generations;
+use crate::dataplane::programs::loader;
+use crate::dataplane::programs::loader::off_runtime;
+use crate::sys::bpffs::PinDir;
+use crate::sys::netlink::Netlink;
 
 /// Removes everything Weft created on this node: the programs (links), the
 /// pinned maps, the overlay device and with it its routes, and puts back

@@ -11,8 +11,8 @@ use std::{
 use dataplane_common::{VXLAN_OVERHEAD, VXLAN6_OVERHEAD};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::bpffs::PinDir;
 pub use crate::peer::{Peer, PeerUpdate};
+use crate::sys::bpffs::PinDir;
 use crate::{lease::Subnets, mac::MacAddr};
 
 /// An address family, for what the dataplane does once per family.
@@ -170,7 +170,7 @@ pub struct DataplaneSpec {
     /// programs mark and limit per peer, routes carry each peer's MTU.
     pub path_mtu: bool,
     /// What the kernel lets the programs do (its probes at start).
-    pub kernel: super::kernel::ProgramKernel,
+    pub kernel: crate::dataplane::programs::kernel::ProgramKernel,
 }
 
 impl DataplaneSpec {

@@ -19,14 +19,18 @@ use anyhow::{Context as _, Result, bail};
 use dataplane_common::program_names;
 use ipnet::{IpNet, Ipv4Net};
 
-use super::super::{
-    loader::{self, Hook, off_runtime},
-    names::{device_name, device6_name, receive_device_name},
-    netlink::{Link, Netlink},
-    sysctl,
-    types::{DataplaneSpec, Family},
-};
+use crate::dataplane::names::device_name;
+use crate::dataplane::names::device6_name;
+use crate::dataplane::names::receive_device_name;
+use crate::dataplane::programs::loader;
+use crate::dataplane::programs::loader::Hook;
+use crate::dataplane::programs::loader::off_runtime;
+use crate::dataplane::types::DataplaneSpec;
+use crate::dataplane::types::Family;
 use crate::lease::Subnets;
+use crate::sys::netlink::Link;
+use crate::sys::netlink::Netlink;
+use crate::sys::sysctl;
 
 /// The other end of the IPv4 overlay device's veth pair.
 pub(crate) fn device_peer_name(vni: u32) -> String {

@@ -42,19 +42,32 @@ use self::{
     peers::{PeerTable, Routing},
     programs::Programs,
 };
-use super::{
-    bpffs_hold::BpffsHold,
-    conntrack,
-    endpoints::{EndpointSpec, EndpointSync, Endpoints, Scope},
-    generations, host,
-    loader::{self, Attachment},
-    maps::{Counters, EndpointMap, PathMtuMap, PeerMaps},
-    netfilter::{self, NetfilterSpec},
-    netlink::Netlink,
-    teardown::teardown,
-    types::{DataplaneSpec, DecapChoice, DecapHook, Family, HostRouting, Peer, PeerUpdate},
-};
+use crate::dataplane::conntrack;
+use crate::dataplane::endpoints::EndpointSpec;
+use crate::dataplane::endpoints::EndpointSync;
+use crate::dataplane::endpoints::Endpoints;
+use crate::dataplane::endpoints::Scope;
+use crate::dataplane::host;
+use crate::dataplane::maps::Counters;
+use crate::dataplane::maps::EndpointMap;
+use crate::dataplane::maps::PathMtuMap;
+use crate::dataplane::maps::PeerMaps;
+use crate::dataplane::netfilter;
+use crate::dataplane::netfilter::NetfilterSpec;
+use crate::dataplane::programs::generations;
+use crate::dataplane::programs::loader;
+use crate::dataplane::programs::loader::Attachment;
+use crate::dataplane::teardown::teardown;
+use crate::dataplane::types::DataplaneSpec;
+use crate::dataplane::types::DecapChoice;
+use crate::dataplane::types::DecapHook;
+use crate::dataplane::types::Family;
+use crate::dataplane::types::HostRouting;
+use crate::dataplane::types::Peer;
+use crate::dataplane::types::PeerUpdate;
 use crate::lease::Subnets;
+use crate::sys::bpffs_hold::BpffsHold;
+use crate::sys::netlink::Netlink;
 
 /// The eBPF datapath on one node.
 pub(crate) struct Overlay {

@@ -13,12 +13,14 @@ use anyhow::Result;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
-use super::super::{
-    maps::{self, PeerMaps},
-    netlink::{Netlink, Route},
-    types::{Family, Peer, PeerUpdate},
-};
 use super::devices::Devices;
+use crate::dataplane::maps;
+use crate::dataplane::maps::PeerMaps;
+use crate::dataplane::types::Family;
+use crate::dataplane::types::Peer;
+use crate::dataplane::types::PeerUpdate;
+use crate::sys::netlink::Netlink;
+use crate::sys::netlink::Route;
 use crate::{backoff::Backoff, lease::Subnets};
 
 /// Retries of a peer that could not be programmed: 1 s, 2 s, ... 30 s.

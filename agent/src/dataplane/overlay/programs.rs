@@ -8,18 +8,29 @@ use dataplane_common::{
     map_names, program_names,
 };
 
-use super::super::{
-    bpffs::PinDir,
-    config, generations,
-    kernel::ProgramKernel,
-    loader::{self, Attachment, Hook, LoadOptions, Loaded, Replaced, off_runtime},
-    maps::PeerMaps,
-    netlink::Link,
-    selftest, trace,
-    types::{DataplaneSpec, DecapChoice, DecapHook, Family, HostRouting, XdpMode},
-};
 use super::devices::{DevicePrograms, Devices};
+use crate::dataplane::config;
+use crate::dataplane::maps::PeerMaps;
+use crate::dataplane::programs::generations;
+use crate::dataplane::programs::kernel::ProgramKernel;
+use crate::dataplane::programs::loader;
+use crate::dataplane::programs::loader::Attachment;
+use crate::dataplane::programs::loader::Hook;
+use crate::dataplane::programs::loader::LoadOptions;
+use crate::dataplane::programs::loader::Loaded;
+use crate::dataplane::programs::loader::Replaced;
+use crate::dataplane::programs::loader::off_runtime;
+use crate::dataplane::programs::selftest;
+use crate::dataplane::trace;
+use crate::dataplane::types::DataplaneSpec;
+use crate::dataplane::types::DecapChoice;
+use crate::dataplane::types::DecapHook;
+use crate::dataplane::types::Family;
+use crate::dataplane::types::HostRouting;
+use crate::dataplane::types::XdpMode;
 use crate::lease::Subnets;
+use crate::sys::bpffs::PinDir;
+use crate::sys::netlink::Link;
 
 /// The loaded programs and where they are attached.
 pub(crate) struct Programs {

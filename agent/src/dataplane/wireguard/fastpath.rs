@@ -23,18 +23,27 @@ use dataplane_common::{
 };
 use ipnet::IpNet;
 
-use super::super::{
-    Peer,
-    bpffs::PinDir,
-    config, conntrack,
-    endpoints::{EndpointSpec, EndpointSync, Endpoints, Scope},
-    kernel::ProgramKernel,
-    loader::{self, Attachment, Hook, LoadOptions, Loaded, off_runtime},
-    maps::{Counters, EndpointMap, PeerMaps},
-    netlink::Netlink,
-    types::HostRouting,
-};
+use crate::dataplane::Peer;
+use crate::dataplane::config;
+use crate::dataplane::conntrack;
+use crate::dataplane::endpoints::EndpointSpec;
+use crate::dataplane::endpoints::EndpointSync;
+use crate::dataplane::endpoints::Endpoints;
+use crate::dataplane::endpoints::Scope;
+use crate::dataplane::maps::Counters;
+use crate::dataplane::maps::EndpointMap;
+use crate::dataplane::maps::PeerMaps;
+use crate::dataplane::programs::kernel::ProgramKernel;
+use crate::dataplane::programs::loader;
+use crate::dataplane::programs::loader::Attachment;
+use crate::dataplane::programs::loader::Hook;
+use crate::dataplane::programs::loader::LoadOptions;
+use crate::dataplane::programs::loader::Loaded;
+use crate::dataplane::programs::loader::off_runtime;
+use crate::dataplane::types::HostRouting;
 use crate::lease::Subnets;
+use crate::sys::bpffs::PinDir;
+use crate::sys::netlink::Netlink;
 
 /// A WireGuard device as the programs use it.
 #[derive(Clone, Debug)]

@@ -34,11 +34,16 @@ use self::{
     fastpath::{FastDevice, FastPath},
     genl::{PeerConfig, WgNetlink},
 };
-use super::{
-    Healed, HostRouting, Peer, PeerUpdate, PinDir, host,
-    netfilter::{self, NetfilterSpec},
-    netlink::{Netlink, Route},
-};
+use crate::dataplane::Healed;
+use crate::dataplane::HostRouting;
+use crate::dataplane::Peer;
+use crate::dataplane::PeerUpdate;
+use crate::dataplane::PinDir;
+use crate::dataplane::host;
+use crate::dataplane::netfilter;
+use crate::dataplane::netfilter::NetfilterSpec;
+use crate::sys::netlink::Netlink;
+use crate::sys::netlink::Route;
 use crate::{
     lease::{Subnets, WIREGUARD_OVERHEAD, WgMode, WireguardConfig},
     wgkey::WgKey,
@@ -69,7 +74,7 @@ pub struct WgSpec {
     pub pins: PinDir,
     pub max_peers: u32,
     /// What the kernel lets the programs do (its probes at start).
-    pub kernel: super::kernel::ProgramKernel,
+    pub kernel: crate::dataplane::programs::kernel::ProgramKernel,
 }
 
 /// One device and the families it carries.

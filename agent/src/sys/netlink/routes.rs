@@ -18,8 +18,8 @@ use rtnetlink::{
     },
 };
 
-use super::{LIST_DEADLINE, Netlink, REQUEST_DEADLINE, ROUTE_PROTOCOL};
-use crate::dataplane::nfnetlink;
+use crate::sys::netlink::{LIST_DEADLINE, Netlink, REQUEST_DEADLINE, ROUTE_PROTOCOL};
+use crate::sys::nfnetlink;
 
 /// Somebody else's route: what it is, and its (device, gateway).
 type Foreign = (String, Option<(u32, Option<IpAddr>)>);

@@ -22,7 +22,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use dataplane_common::Reason;
 
-use super::{Counters, EndpointMap, LoadOptions, Loaded, PeerMaps, PinDir, is_bpffs};
+use crate::dataplane::{Counters, EndpointMap, LoadOptions, Loaded, PeerMaps, PinDir, is_bpffs};
 
 /// One case's outcome.
 #[derive(Clone, Debug)]

@@ -10,7 +10,7 @@
 
 use anyhow::{Context as _, Result};
 
-use super::nfnetlink::{
+use crate::sys::nfnetlink::{
     Attr, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST, Socket, is_enoent,
     message, parse_attrs,
 };

@@ -37,7 +37,7 @@ pub(crate) fn read(key: &str) -> Result<String> {
         .to_string())
 }
 
-pub(super) fn write(key: &str, value: &str) -> Result<()> {
+pub(crate) fn write(key: &str, value: &str) -> Result<()> {
     std::fs::write(path(key)?, value).with_context(|| format!("setting sysctl {key}={value}"))
 }
 
@@ -53,7 +53,7 @@ pub(crate) fn read_iface(family: &str, iface: &str, leaf: &str) -> Result<String
         .to_string())
 }
 
-pub(super) fn write_iface(family: &str, iface: &str, leaf: &str, value: &str) -> Result<()> {
+pub(crate) fn write_iface(family: &str, iface: &str, leaf: &str, value: &str) -> Result<()> {
     let p = iface_path(family, iface, leaf);
     std::fs::write(&p, value).with_context(|| format!("setting {}={value}", p.display()))
 }

@@ -136,9 +136,11 @@ mod tests {
     use super::*;
 
     fn ours() -> Uses {
-        let stubbed =
-            super::super::super::kfuncs::resolve(super::super::super::object::OBJECT, None)
-                .expect("the object's kfunc calls stubbed");
+        let stubbed = crate::dataplane::programs::kfuncs::resolve(
+            crate::dataplane::programs::object::OBJECT,
+            None,
+        )
+        .expect("the object's kfunc calls stubbed");
         uses(stubbed.bytes()).expect("the object read")
     }
 

@@ -27,7 +27,8 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use self::probe::Verdict;
-use super::{btf::Btf, kfuncs::KernelBtf};
+use crate::dataplane::programs::btf::Btf;
+use crate::dataplane::programs::kfuncs::KernelBtf;
 use crate::sys::{bpf::ProgType, fs::kernel_release};
 
 const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
@@ -487,7 +488,10 @@ pub(crate) fn optional_names() -> Vec<&'static str> {
 /// What the object asks of the kernel, its kfunc calls stubbed out (those
 /// are probed on their own).
 fn stubbed_uses() -> anyhow::Result<object::Uses> {
-    let stubbed = super::kfuncs::resolve(super::object::OBJECT, None)?;
+    let stubbed = crate::dataplane::programs::kfuncs::resolve(
+        crate::dataplane::programs::object::OBJECT,
+        None,
+    )?;
     object::uses(stubbed.bytes())
 }
 
@@ -498,7 +502,7 @@ fn identity() -> (String, String, String) {
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    super::object::OBJECT.hash(&mut h);
+    crate::dataplane::programs::object::OBJECT.hash(&mut h);
     let object = format!("{}-{:016x}", env!("CARGO_PKG_VERSION"), h.finish());
     (release, boot_id, object)
 }

@@ -30,18 +30,19 @@ use dataplane_common::map_names;
 
 use crate::sys::bpf::ProgType;
 
-use super::{
-    bpffs::PinDir,
-    generations::{self, Generation},
-    kernel::ProgramKernel,
-    kfuncs::{self, KernelBtf},
-    load_programs,
-    netkit::{self, NetkitHook},
-    netlink::Netlink,
-    object::OBJECT,
-    program_ids,
-    types::XdpMode,
-};
+use crate::dataplane::netkit;
+use crate::dataplane::netkit::NetkitHook;
+use crate::dataplane::programs::generations;
+use crate::dataplane::programs::generations::Generation;
+use crate::dataplane::programs::ids;
+use crate::dataplane::programs::kernel::ProgramKernel;
+use crate::dataplane::programs::kfuncs;
+use crate::dataplane::programs::kfuncs::KernelBtf;
+use crate::dataplane::programs::load;
+use crate::dataplane::programs::object::OBJECT;
+use crate::dataplane::types::XdpMode;
+use crate::sys::bpffs::PinDir;
+use crate::sys::netlink::Netlink;
 
 /// Where a program is attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,25 +85,28 @@ pub(crate) fn pinned_program(
 ) -> Option<String> {
     let link = open_pinned_link(&link_pin_path(pins, hook, iface, ifindex)).ok()??;
     let id = link.info().ok()?.program_id();
-    pinned_program_name(pins, id).or_else(|| program_ids::program_name(id))
+    pinned_program_name(pins, id).or_else(|| ids::program_name(id))
 }
 
 /// The name of the program with kernel id `id` among the generations
 /// pinned under `pins`. Reading a pinned program's info needs no privilege
 /// beyond the pin's file mode, where walking every loaded program
-/// ([`program_ids::program_name`]) needs CAP_SYS_ADMIN, which the DaemonSet's agent
+/// ([`ids::program_name`]) needs CAP_SYS_ADMIN, which the DaemonSet's agent
 /// container (and `kubectl exec ... weft doctor` in it) does not have.
 fn pinned_program_name(pins: &PinDir, id: u32) -> Option<String> {
-    [super::generations::CURRENT, super::generations::PREVIOUS]
-        .iter()
-        .find_map(|g| {
-            std::fs::read_dir(pins.root().join(g))
-                .ok()?
-                .filter_map(Result::ok)
-                .filter_map(|e| aya::programs::ProgramInfo::from_pin(e.path()).ok())
-                .find(|p| p.id() == id)
-                .and_then(|p| p.name_as_str().map(str::to_string))
-        })
+    [
+        crate::dataplane::programs::generations::CURRENT,
+        crate::dataplane::programs::generations::PREVIOUS,
+    ]
+    .iter()
+    .find_map(|g| {
+        std::fs::read_dir(pins.root().join(g))
+            .ok()?
+            .filter_map(Result::ok)
+            .filter_map(|e| aya::programs::ProgramInfo::from_pin(e.path()).ok())
+            .find(|p| p.id() == id)
+            .and_then(|p| p.name_as_str().map(str::to_string))
+    })
 }
 
 /// The outcome of one attach.
@@ -230,7 +234,7 @@ impl Loaded {
         };
         let mut programs = BTreeMap::new();
         let mut xdp = opts.kernel.xdp;
-        for (name, p) in load_programs::load_all(object.bytes(), &ebpf, module.as_ref())? {
+        for (name, p) in load::load_all(object.bytes(), &ebpf, module.as_ref())? {
             match (p.ty, p.fd) {
                 (ProgType::Xdp, _) if !opts.kernel.xdp => {}
                 (_, Ok(fd)) => {
@@ -802,6 +806,6 @@ pub fn ifindex(iface: &str) -> Result<u32> {
 /// Runs blocking loader code (which may start its own netlink runtime) on a
 /// fresh thread: it inherits this thread's network namespace, which a pooled
 /// blocking thread might not.
-pub(super) fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+pub(crate) fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| s.spawn(f).join().expect("loader thread panicked"))
 }

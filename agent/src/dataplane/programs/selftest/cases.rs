@@ -7,7 +7,7 @@ use crate::mac::MacAddr;
 
 use dataplane_common::{Reason, program_names as prog};
 
-use super::{
+use crate::dataplane::programs::selftest::{
     fixture::{self as fx, Mode},
     packets::{self as pk, ENCAP4, ENCAP6, ETH_LEN, IPV4_LEN, IPV6_LEN, Ip, Vxlan},
 };

@@ -10,7 +10,7 @@ use rtnetlink::packet_route::{
     address::{AddressAttribute, AddressMessage},
 };
 
-use super::Netlink;
+use crate::sys::netlink::Netlink;
 
 impl Netlink {
     /// The addresses on device `index`, with their prefix lengths: the

@@ -21,7 +21,7 @@ use std::{collections::HashMap, os::fd::OwnedFd, path::Path};
 
 use anyhow::{Context as _, Result, bail};
 
-use super::btf::Btf;
+use crate::dataplane::programs::btf::Btf;
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, RelocationTarget};
 
 /// The module conntrack is, where it is not built in.
@@ -245,7 +245,7 @@ fn load_module(sys: &Path) -> Result<()> {
     if loaded() {
         return Ok(());
     }
-    super::conntrack::poke_ctnetlink();
+    crate::dataplane::conntrack::poke_ctnetlink();
     if !loaded() && Path::new("/sbin/modprobe").exists() {
         let _ = std::process::Command::new("/sbin/modprobe")
             .arg(MODULE)

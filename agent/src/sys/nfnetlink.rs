@@ -8,18 +8,18 @@ use std::io;
 use anyhow::{Context as _, Result, bail};
 
 const NETLINK_NETFILTER: i32 = 12;
-pub(super) const NLM_F_REQUEST: u16 = 0x1;
-pub(super) const NLM_F_MULTI: u16 = 0x2;
-pub(super) const NLM_F_ACK: u16 = 0x4;
-pub(super) const NLM_F_DUMP: u16 = 0x300;
-pub(super) const NLM_F_CREATE: u16 = 0x400;
-pub(super) const NLM_F_APPEND: u16 = 0x800;
-pub(super) const NLMSG_ERROR: u16 = 2;
-pub(super) const NLMSG_DONE: u16 = 3;
-pub(super) const NLA_F_NESTED: u16 = 0x8000;
+pub(crate) const NLM_F_REQUEST: u16 = 0x1;
+pub(crate) const NLM_F_MULTI: u16 = 0x2;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_DUMP: u16 = 0x300;
+pub(crate) const NLM_F_CREATE: u16 = 0x400;
+pub(crate) const NLM_F_APPEND: u16 = 0x800;
+pub(crate) const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLMSG_DONE: u16 = 3;
+pub(crate) const NLA_F_NESTED: u16 = 0x8000;
 
 /// A netlink attribute tree.
-pub(super) enum Attr {
+pub(crate) enum Attr {
     Str(u16, String),
     U8(u16, u8),
     /// A 16-bit value, in network order.
@@ -74,7 +74,7 @@ impl Attr {
 
 /// Appends one nfnetlink message to `buf`: the netlink header, the
 /// nfgenmsg (`family`, version 0, `res_id`), then `attrs`.
-pub(super) fn message(
+pub(crate) fn message(
     buf: &mut Vec<u8>,
     seq: u32,
     ty: u16,
@@ -98,7 +98,7 @@ pub(super) fn message(
 }
 
 /// Top-level attributes of a message body: (type, value).
-pub(super) fn parse_attrs(mut b: &[u8]) -> Vec<(u16, &[u8])> {
+pub(crate) fn parse_attrs(mut b: &[u8]) -> Vec<(u16, &[u8])> {
     let mut out = Vec::new();
     while b.len() >= 4 {
         let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
@@ -112,7 +112,7 @@ pub(super) fn parse_attrs(mut b: &[u8]) -> Vec<(u16, &[u8])> {
     out
 }
 
-pub(super) fn is_enoent(e: &anyhow::Error) -> bool {
+pub(crate) fn is_enoent(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<io::Error>()
             .and_then(io::Error::raw_os_error)
@@ -121,16 +121,16 @@ pub(super) fn is_enoent(e: &anyhow::Error) -> bool {
 }
 
 /// A netfilter netlink socket.
-pub(super) struct Socket(std::os::fd::OwnedFd);
+pub(crate) struct Socket(std::os::fd::OwnedFd);
 
 impl Socket {
-    pub(super) fn open() -> Result<Self> {
+    pub(crate) fn open() -> Result<Self> {
         Self::open_protocol(NETLINK_NETFILTER).context("opening a netfilter netlink socket")
     }
 
     /// A rtnetlink socket (`NETLINK_ROUTE`) whose reads give up after
     /// `timeout`.
-    pub(super) fn open_route(timeout: std::time::Duration) -> Result<Self> {
+    pub(crate) fn open_route(timeout: std::time::Duration) -> Result<Self> {
         use std::os::fd::AsRawFd as _;
         let s = Self::open_protocol(libc::NETLINK_ROUTE).context("opening a rtnetlink socket")?;
         let tv = libc::timeval {
@@ -170,7 +170,7 @@ impl Socket {
         Ok(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
     }
 
-    pub(super) fn send(&self, buf: &[u8]) -> Result<()> {
+    pub(crate) fn send(&self, buf: &[u8]) -> Result<()> {
         use std::os::fd::AsRawFd as _;
         // SAFETY: a zeroed sockaddr_nl (the kernel's address) is valid.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
@@ -229,7 +229,7 @@ impl Socket {
         }
     }
 
-    pub(super) fn acks(&self, want: usize) -> Result<()> {
+    pub(crate) fn acks(&self, want: usize) -> Result<()> {
         if want == 0 {
             return Ok(());
         }
@@ -244,7 +244,7 @@ impl Socket {
 
     /// Each answer to a dump request as it is read, (type, whole
     /// message), until its end: never more than one datagram held.
-    pub(super) fn dump_each(&self, mut each: impl FnMut(u16, &[u8])) -> Result<()> {
+    pub(crate) fn dump_each(&self, mut each: impl FnMut(u16, &[u8])) -> Result<()> {
         self.read(|ty, flags, m| {
             match ty {
                 NLMSG_DONE | NLMSG_ERROR => return Ok(true),
@@ -255,7 +255,7 @@ impl Socket {
     }
 
     /// The answers to a get or dump request (until its end).
-    pub(super) fn dump(&self) -> Result<Vec<Vec<u8>>> {
+    pub(crate) fn dump(&self) -> Result<Vec<Vec<u8>>> {
         let mut out = Vec::new();
         self.read(|ty, flags, m| {
             match ty {

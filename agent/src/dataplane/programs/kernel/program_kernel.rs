@@ -1,7 +1,7 @@
 //! What the programs may do on this kernel, as the loader and the
 //! self-test need it: three answers taken from the kernel's probes.
 
-use super::{KernelFeatures, names};
+use crate::dataplane::programs::kernel::{KernelFeatures, names};
 
 /// What the running kernel lets the programs do, from its probes:
 /// decided once when the agent starts, the same for

@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::bpffs::{PinDir, is_bpffs};
+use crate::sys::bpffs::{PinDir, is_bpffs};
 
 /// The pin directory, held open.
 pub(crate) struct BpffsHold {

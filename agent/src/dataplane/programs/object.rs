@@ -3,5 +3,5 @@
 //! kernel checks.
 
 /// The eBPF object built from `dataplane-ebpf/` (see `build.rs`).
-pub(super) static OBJECT: &[u8] =
+pub(crate) static OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/weft-dataplane"));

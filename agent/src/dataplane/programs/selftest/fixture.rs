@@ -35,7 +35,7 @@ impl Default for Wire {
 
 std::thread_local! {
     /// The VNI and port of the node the self-test runs for (set by
-    /// [`super::run`] on the thread that builds and runs the cases).
+    /// [`crate::dataplane::programs::selftest::run`] on the thread that builds and runs the cases).
     static WIRE: std::cell::Cell<Wire> = std::cell::Cell::new(Wire::default());
 }
 

@@ -5,6 +5,7 @@
 //! [`Netlink`] handle.
 
 mod addresses;
+pub(crate) mod events;
 mod routes;
 
 use std::net::Ipv6Addr;
@@ -20,7 +21,7 @@ use rtnetlink::{
 };
 
 pub(crate) use self::routes::Route;
-use super::types::XdpMode;
+use crate::dataplane::types::XdpMode;
 
 /// How long a route request may wait for the kernel's answer.
 pub(super) const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -29,7 +30,7 @@ pub(super) const LIST_DEADLINE: std::time::Duration = std::time::Duration::from_
 
 /// Routes Weft installs carry this protocol number (`ip route ... proto 44`),
 /// so they can be told apart from everyone else's and removed on teardown.
-pub(super) const ROUTE_PROTOCOL: u8 = 44;
+pub(crate) const ROUTE_PROTOCOL: u8 = 44;
 
 /// What the dataplane needs to know about one network device.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -46,6 +46,6 @@ fn is_our_new_route(m: &NetlinkMessage<RouteNetlinkMessage>) -> bool {
     matches!(
         &m.payload,
         NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r))
-            if r.header.protocol == RouteProtocol::Other(super::netlink::ROUTE_PROTOCOL)
+            if r.header.protocol == RouteProtocol::Other(crate::sys::netlink::ROUTE_PROTOCOL)
     )
 }

@@ -35,11 +35,10 @@ use aya::programs::{
 use aya_obj::programs::XdpAttachType;
 use dataplane_common::{LAYOUT_VERSION, program_names};
 
-use super::{
-    bpffs::PinDir,
-    netkit,
-    program_ids::{program_info, program_name},
-};
+use crate::dataplane::netkit;
+use crate::dataplane::programs::ids::program_info;
+use crate::dataplane::programs::ids::program_name;
+use crate::sys::bpffs::PinDir;
 
 /// Every program of the object, by name; `true` for the XDP one.
 const ALL: [(&str, bool); 9] = [
