@@ -26,9 +26,9 @@ use anyhow::Result;
 use dataplane_common::{Endpoint, POD_IF_V4, POD_IF_V6, PodIf, program_names};
 
 use crate::dataplane::maps::EndpointMap;
-use crate::dataplane::programs::loader;
+use crate::dataplane::programs::links;
+use crate::dataplane::programs::links::Hook;
 use crate::dataplane::programs::loader::Attachment;
-use crate::dataplane::programs::loader::Hook;
 use crate::dataplane::programs::loader::Loaded;
 use crate::sys::bpffs::PinDir;
 use crate::sys::netlink::Link;
@@ -301,7 +301,7 @@ impl Endpoints {
         }
         // Programs on veths that serve no endpoint (a pod gone while the
         // agent was away) are removed; pins of vanished devices too.
-        for (hook, iface, ifindex) in loader::pinned_links(pins)? {
+        for (hook, iface, ifindex) in links::pinned_links(pins)? {
             // Only pods' links: not the uplink's, not the IPv6 overlay
             // device's (its ingress program checks what the kernel
             // decapsulated).
@@ -317,7 +317,7 @@ impl Endpoints {
             // stack.
             let keep = exists && hook == Hook::NetkitPeer;
             if !keep && (!exists || serving.get(&ifindex) != Some(&(iface.as_str(), hook))) {
-                loader::detach(pins, hook, &iface)?;
+                links::detach(pins, hook, &iface)?;
             }
         }
         if failed > 0 {
@@ -347,7 +347,7 @@ impl Endpoints {
     pub(crate) fn heal(&mut self, loaded: &mut Loaded) -> usize {
         let mut n = 0;
         for (name, hook) in self.attached.values() {
-            if loader::ifindex(name).is_err() {
+            if links::ifindex(name).is_err() {
                 // The pod is going: the next sync forgets it.
                 continue;
             }

@@ -39,7 +39,8 @@ pub use maps::{Counters, EndpointMap, PeerMaps};
 pub(crate) use names::{device_name, device6_name};
 pub(crate) use overlay::{Healed, Overlay, ProgramsState, Verified};
 pub use programs::kernel::ProgramKernel;
-pub use programs::loader::{Attachment, Hook, LoadOptions, Loaded, detach, ifindex};
+pub use programs::links::{Hook, detach, ifindex};
+pub use programs::loader::{Attachment, LoadOptions, Loaded};
 pub use types::{DataplaneSpec, HostRouting, Peer, PeerUpdate, XdpMode};
 pub(crate) use types::{DecapChoice, DecapHook, Family};
 
@@ -50,7 +51,7 @@ pub(crate) use conntrack::LiberalStats;
 pub use overlay::{Problem, ProblemKind};
 pub use programs::generations::Swapped;
 pub(crate) use programs::kernel::{KernelFeatures, names as kernel_features};
-pub(crate) use programs::loader::{link_pin_path, pinned_links, pinned_program};
+pub(crate) use programs::links::{link_pin_path, pinned_links, pinned_program};
 pub(crate) use teardown::teardown;
 
 /// Puts back the previous generation of programs (see

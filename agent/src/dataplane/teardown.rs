@@ -11,7 +11,7 @@ use crate::dataplane::names::device6_name;
 use crate::dataplane::names::receive_device_name;
 use crate::dataplane::netfilter;
 use crate::dataplane::programs::generations;
-use crate::dataplane::programs::loader;
+use crate::dataplane::programs::links;
 use crate::dataplane::programs::loader::off_runtime;
 use crate::sys::bpffs::PinDir;
 use crate::sys::netlink::Netlink;
@@ -48,10 +48,10 @@ pub(crate) async fn teardown(pins: &PinDir, vni: u32, state_dir: &Path) -> Resul
 /// link detaches it); returns what was detached.
 pub(crate) fn remove_links(pins: &PinDir) -> Result<Vec<String>> {
     let mut removed = Vec::new();
-    for (hook, iface, _) in loader::pinned_links(pins)? {
+    for (hook, iface, _) in links::pinned_links(pins)? {
         let pins = pins.clone();
         let name = iface.clone();
-        if off_runtime(move || loader::detach(&pins, hook, &name))? {
+        if off_runtime(move || links::detach(&pins, hook, &name))? {
             removed.push(format!("{} program on {iface}", hook.name()));
         }
     }

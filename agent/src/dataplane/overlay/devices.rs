@@ -22,8 +22,8 @@ use ipnet::{IpNet, Ipv4Net};
 use crate::dataplane::names::device_name;
 use crate::dataplane::names::device6_name;
 use crate::dataplane::names::receive_device_name;
-use crate::dataplane::programs::loader;
-use crate::dataplane::programs::loader::Hook;
+use crate::dataplane::programs::links;
+use crate::dataplane::programs::links::Hook;
 use crate::dataplane::programs::loader::off_runtime;
 use crate::dataplane::types::DataplaneSpec;
 use crate::dataplane::types::Family;
@@ -254,7 +254,7 @@ impl OverlayDevice {
             let (pins, name, hooks) = (spec.pins.clone(), self.name.clone(), self.programs());
             off_runtime(move || -> Result<()> {
                 for (_, hook) in hooks {
-                    loader::detach(&pins, *hook, &name)?;
+                    links::detach(&pins, *hook, &name)?;
                 }
                 Ok(())
             })?;

@@ -13,9 +13,10 @@ use crate::dataplane::config;
 use crate::dataplane::maps::PeerMaps;
 use crate::dataplane::programs::generations;
 use crate::dataplane::programs::kernel::ProgramKernel;
+use crate::dataplane::programs::links;
+use crate::dataplane::programs::links::Hook;
 use crate::dataplane::programs::loader;
 use crate::dataplane::programs::loader::Attachment;
-use crate::dataplane::programs::loader::Hook;
 use crate::dataplane::programs::loader::LoadOptions;
 use crate::dataplane::programs::loader::Loaded;
 use crate::dataplane::programs::loader::Replaced;
@@ -446,12 +447,12 @@ fn attach(
             if bypass {
                 out.push(loaded.attach_tc(program_names::DELIVER, uplink, Hook::TcIngress)?);
             } else {
-                loader::detach(pins, Hook::TcIngress, uplink)?;
+                links::detach(pins, Hook::TcIngress, uplink)?;
             }
             DecapChoice { hook, why }
         }
         None => {
-            loader::detach(pins, Hook::Xdp, uplink)?;
+            links::detach(pins, Hook::Xdp, uplink)?;
             out.push(loaded.attach_tc(program_names::DECAP_TC, uplink, Hook::TcIngress)?);
             let why = if xdp_modes.is_empty() {
                 why

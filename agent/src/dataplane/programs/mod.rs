@@ -12,6 +12,7 @@ pub(crate) mod generations;
 pub(crate) mod ids;
 pub(crate) mod kernel;
 pub(crate) mod kfuncs;
+pub(crate) mod links;
 pub(crate) mod load;
 pub(crate) mod loader;
 pub(crate) mod object;
