@@ -19,17 +19,19 @@ mod backend;
 mod fastpath;
 mod genl;
 pub mod key_file;
+mod stats;
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
-    time::SystemTime,
 };
 
 use anyhow::{Context as _, Result};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 pub use self::key_file::{DEFAULT_KEY_FILE, PrivateKey};
+use self::stats::stats;
+pub(crate) use self::stats::{HANDSHAKE_RECENT_SECS, WgPeerStats, age};
 use self::{
     fastpath::{FastDevice, FastPath},
     genl::{PeerConfig, WgNetlink},
@@ -120,32 +122,6 @@ pub(crate) fn devices_here() -> Result<Vec<DeviceView>> {
     Ok(out)
 }
 
-fn stats(device: &'static str, p: genl::PeerState) -> WgPeerStats {
-    WgPeerStats {
-        device,
-        key: p.key,
-        endpoint: p.endpoint,
-        allowed: p.allowed,
-        last_handshake: p.last_handshake,
-        rx_bytes: p.rx_bytes,
-        tx_bytes: p.tx_bytes,
-    }
-}
-
-/// Seconds since `t` (None: never).
-pub(crate) fn age(t: Option<SystemTime>) -> Option<u64> {
-    t.map(|t| {
-        SystemTime::now()
-            .duration_since(t)
-            .map_or(0, |d| d.as_secs())
-    })
-}
-
-/// WireGuard drops a session this long after its handshake, and a peer
-/// with traffic makes a new one every 2 minutes: a handshake older than
-/// this means the peer is not talking to us (or nobody sent it anything).
-pub(crate) const HANDSHAKE_RECENT_SECS: u64 = 180;
-
 /// A device's peer as the config that would write it (None: it has no
 /// endpoint, so no config matches it).
 fn as_config(p: &genl::PeerState) -> Option<PeerConfig> {
@@ -158,18 +134,6 @@ fn as_config(p: &genl::PeerState) -> Option<PeerConfig> {
         psk: p.psk,
         keepalive: p.keepalive,
     })
-}
-
-/// A peer as the agent sees it, for status and metrics.
-#[derive(Clone, Debug)]
-pub(crate) struct WgPeerStats {
-    pub device: &'static str,
-    pub key: WgKey,
-    pub endpoint: Option<SocketAddr>,
-    pub allowed: Vec<IpNet>,
-    pub last_handshake: Option<SystemTime>,
-    pub rx_bytes: u64,
-    pub tx_bytes: u64,
 }
 
 pub(crate) struct WgOverlay {

@@ -1,5 +1,8 @@
 //! The tests of `icmp`.
 
+use std::os::fd::{FromRawFd as _, OwnedFd};
+
+use super::socket::sockaddr;
 use super::*;
 
 #[test]
