@@ -57,7 +57,10 @@
 //! hypervisor stole more than [`STEAL_MAX`] of the vCPUs' time is measured
 //! again); `crr_per_s` (TCP connections per
 //! second, TCP_CRR-style: connect, a 1-byte request and answer, close, one
-//! after the other).
+//! after the other); `crr_marker_ms` (during that test, the CPU time of
+//! both nodes' conntrack marker threads, the agent's work per new flow
+//! under `--host-routing auto`, in ms per 1,000 connections; 0 where no
+//! marker runs). `WEFT_BENCH_PERF_CRR=1` profiles the connection test.
 //! Reported: medians over rounds, the ratio of medians against the
 //! baselines, and each round's ratios.
 
@@ -98,7 +101,7 @@ const CONFIGS: [&str; 13] = [
 /// The goals on the ratio of medians, a Weft configuration against a
 /// baseline: (metric, configuration, baseline, goal, whether higher is
 /// better).
-const GOALS: [(&str, &str, &str, f64, bool); 20] = [
+const GOALS: [(&str, &str, &str, f64, bool); 23] = [
     ("tcp_gbps", "weft", "kernel_vxlan", 1.10, true),
     ("tcp_gbps", "weft", "route", 0.95, true),
     ("tcp4_gbps", "weft", "kernel_vxlan", 1.10, true),
@@ -108,6 +111,10 @@ const GOALS: [(&str, &str, &str, f64, bool); 20] = [
     ("tcp6_gbps", "weft", "kernel_vxlan", 1.00, true),
     ("tcp_node_gbps", "weft", "kernel_vxlan", 1.10, true),
     ("cpu_s_per_gb", "weft", "kernel_vxlan", 0.80, false),
+    // Short connections, on the fast path and on the host-stack path.
+    ("crr_per_s", "weft", "kernel_vxlan", 1.10, true),
+    ("crr_per_s", "weft", "route", 1.00, true),
+    ("crr_per_s", "weft_legacy", "kernel_vxlan", 1.00, true),
     // The host-stack path: `--host-routing legacy`, and pods host routing
     // does not know (attached without Weft's plugin, not adopted).
     ("tcp_gbps", "weft_legacy", "kernel_vxlan", 1.10, true),
@@ -133,7 +140,7 @@ const GOALS: [(&str, &str, &str, f64, bool); 20] = [
     ),
 ];
 
-const METRICS: [&str; 12] = [
+const METRICS: [&str; 13] = [
     "tcp_gbps",
     "tcp4_gbps",
     "udp64_pps",
@@ -146,6 +153,7 @@ const METRICS: [&str; 12] = [
     "tcp_node_gbps",
     "cpu_s_per_gb",
     "crr_per_s",
+    "crr_marker_ms",
 ];
 
 pub async fn run(args: &[String]) -> Result<()> {
@@ -177,8 +185,8 @@ pub async fn run(args: &[String]) -> Result<()> {
                 m[5], m[6], m[7], m[8]
             );
             eprintln!(
-                "  node -> remote pod: tcp {:.2} Gbit/s; paced {PACED_GBPS} Gbit/s: {:.3} CPU-s per GB; {:.0} connections/s",
-                m[9], m[10], m[11]
+                "  node -> remote pod: tcp {:.2} Gbit/s; paced {PACED_GBPS} Gbit/s: {:.3} CPU-s per GB; {:.0} connections/s, conntrack marker {:.1} ms per 1,000",
+                m[9], m[10], m[11], m[12]
             );
             let entry = samples.entry(cfg.clone()).or_default();
             for (i, name) in METRICS.iter().enumerate() {
@@ -221,11 +229,15 @@ pub async fn run(args: &[String]) -> Result<()> {
             print!(" {:>13.2}", result[c][name]);
         }
         let w = result.get("weft").map(|m| m[name]);
-        if let (Some(w), Some(k)) = (w, result.get("kernel_vxlan").map(|m| m[name])) {
+        if let (Some(w), Some(k)) = (w, result.get("kernel_vxlan").map(|m| m[name]))
+            && k != 0.0
+        {
             print!(" {:>18.3}", w / k);
             ratios.insert(format!("{name}.weft/kernel_vxlan"), json!(w / k));
         }
-        if let (Some(w), Some(r)) = (w, result.get("route").map(|m| m[name])) {
+        if let (Some(w), Some(r)) = (w, result.get("route").map(|m| m[name]))
+            && r != 0.0
+        {
             print!(" {:>11.3}", w / r);
             ratios.insert(format!("{name}.weft/route"), json!(w / r));
         }
@@ -322,7 +334,7 @@ const PACED_GBPS: u32 = 2;
 
 /// Builds the topology for `cfg` (dual-stack: pods have an address of each
 /// family), measures IPv4 and IPv6, and tears it down.
-fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
+fn measure(cfg: &str, secs: u64) -> Result<[f64; 13]> {
     let (n1, n2) = direct_pair()?;
     let mut nodes = [n1, n2];
     // The pods' MTU is flannel's (1450) in every overlay configuration, so
@@ -643,9 +655,16 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 12]> {
         &format!("{cfg}.paced"),
         on("WEFT_BENCH_PERF_PACED"),
     )?;
-    let crr = connection_rate(client, &server.ns, server.ip.into(), secs)?;
+    let marker0 = marker_cpu_s();
+    let crr = profiled(
+        &format!("{cfg}.crr"),
+        secs,
+        on("WEFT_BENCH_PERF_CRR"),
+        || connection_rate(client, &server.ns, server.ip.into(), secs),
+    )?;
+    let marker_ms = (marker_cpu_s() - marker0) * 1000.0 / (crr * secs as f64 / 1000.0).max(1.0);
     Ok([
-        tcp, tcp4, udp, p50, p99, tcp6, udp6, p50_6, p99_6, tcp_node, cpu, crr,
+        tcp, tcp4, udp, p50, p99, tcp6, udp6, p50_6, p99_6, tcp_node, cpu, crr, marker_ms,
     ])
 }
 
@@ -766,6 +785,38 @@ fn connection_rate(client: &Netns, server_ns: &Netns, ip: IpAddr, secs: u64) -> 
         .join();
     let _ = srv.join();
     Ok(done as f64 / secs as f64)
+}
+
+/// The CPU time (user and system, seconds) this process's conntrack marker
+/// threads (`weft-conntrack`, one per node running `--host-routing auto`)
+/// have used so far.
+fn marker_cpu_s() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut ticks = 0u64;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "weft-conntrack" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name: state is field 3, utime 14,
+        // stime 15.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let field = |i: usize| {
+            f.get(i - 3)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        ticks += field(14) + field(15);
+    }
+    ticks as f64 / hz
 }
 
 /// Runs `f`, under a system-wide profile of `secs` written to
