@@ -8,7 +8,7 @@
 //! - The stack sees every flow until conntrack holds it firmly: for TCP,
 //!   the handshake and the ACK that makes the entry ESTABLISHED and
 //!   ASSURED (the SYN, SYN-ACK and third ACK all take the stack; the
-//!   SYN-ACK already asks for the marking below); for UDP, the first
+//!   SYN-ACK starts the flow's wait for the marking below); for UDP, the first
 //!   packet, and in the reply direction every packet until the stack has
 //!   seen a reply (SEEN_REPLY: a reply that bypassed would leave the entry
 //!   UNREPLIED, and a server's stream would be taken for a new flow once
@@ -25,6 +25,14 @@
 //!   ring buffer), as the kernel's flowtable does when it offloads a flow.
 //!   Until then the flow's packets take the stack, which keeps the window
 //!   current; with the agent away new flows simply stay on the stack.
+//! - A flow earns the marking by lasting: it is asked for only once one
+//!   of its packets comes [`EARN_NS`] after the flow's first was seen
+//!   here. A short connection (a health check, an HTTP/1.0 request, DNS
+//!   over TCP) is over by then and costs the agent nothing: asking at
+//!   once cost each connection a ring-buffer wake-up (an interrupt to
+//!   itself, a VM exit where the guest's APIC is emulated), a wake-up of
+//!   the agent's marker and a netlink round trip, and halved the
+//!   connection rate (`cargo xtask bench datapath`, `crr_per_s`).
 //! - FIN and RST always take the stack, and so does every packet of an
 //!   entry that is no longer ESTABLISHED: conntrack's own state machine
 //!   ends the flow (a half-closed connection streams on through the stack,
@@ -198,6 +206,13 @@ const TCP_ACK: u8 = 0x10;
 /// A flow not yet liberal is asked about again after this long (the
 /// request or its answer was lost: a full ring, the agent away).
 const ASK_AGAIN_NS: u64 = 200_000_000;
+/// How long a flow (one direction of it, as the packet names it) must
+/// have been seen before it asks to be made liberal: longer than a short
+/// connection lives, short beside a flow that gains from the fast path.
+const EARN_NS: u64 = 10_000_000;
+/// In a `WEFT_CT_ASKED` value: the flow has asked (its time is when);
+/// without it the time is when the flow was first seen.
+const ASKED: u64 = 1;
 /// `BPF_RB_FORCE_WAKEUP`.
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
@@ -227,8 +242,7 @@ pub(crate) fn allows(
         return false;
     }
     // A connection being opened or closed is for the stack to see. Its
-    // SYN-ACK asks for the entry to be made liberal already, so the
-    // answer is there by the time data flows.
+    // SYN-ACK starts the wait before it may ask to be made liberal.
     let syn_ack = proto == IPPROTO_TCP
         && tcp_flags & (TCP_SYN | TCP_ACK | TCP_FIN | TCP_RST) == TCP_SYN | TCP_ACK;
     if proto == IPPROTO_TCP && tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 && !syn_ack {
@@ -303,8 +317,7 @@ fn entry(ct: *mut NfConn, cfg: &DataplaneConfig, proto: u8, syn_ack: bool, reply
         return Entry::Stack;
     }
     if proto == IPPROTO_TCP {
-        // Asked as early as the flow allows (its SYN-ACK, its third ACK),
-        // so the answer is there by the time data flows.
+        // Counted from the SYN-ACK on; asked once the flow has lasted.
         let original: u8 = field(ct, &NF_CONN_TCP_FLAGS0_OFF);
         let reply: u8 = field(ct, &NF_CONN_TCP_FLAGS1_OFF);
         if original & reply & TCP_FLAG_BE_LIBERAL == 0 {
@@ -359,9 +372,11 @@ fn refresh_timeout(ct: *mut NfConn, timeout_ms: u32, refresh: u32) {
     }
 }
 
-/// Asks the agent to make the flow's entry liberal, unless it was asked
-/// recently. The request goes to the map helpers by reference: by value it
-/// is copied again, on a stack the transmit program already nearly fills.
+/// Asks the agent to make the flow's entry liberal once the flow has
+/// lasted [`EARN_NS`] (its first packet here only starts the wait), unless
+/// it was asked recently. The request goes to the map helpers by
+/// reference: by value it is copied again, on a stack the transmit program
+/// already nearly fills.
 #[inline(always)]
 #[allow(clippy::needless_borrows_for_generic_args)]
 fn ask(flow: &Flow, proto: u8, ports: (u16, u16)) {
@@ -388,13 +403,24 @@ fn ask(flow: &Flow, proto: u8, ports: (u16, u16)) {
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: a plain hash lookup; the value is copied out at once.
-    if let Some(at) = unsafe { WEFT_CT_ASKED.get(&req) }
-        && now.wrapping_sub(*at) < ASK_AGAIN_NS
+    let seen = unsafe { WEFT_CT_ASKED.get(&req) }.copied();
+    let wait = match seen {
+        // First seen: the wait starts (an entry evicted from the LRU
+        // starts it again).
+        None => {
+            let _ = WEFT_CT_ASKED.insert(&req, &(now & !ASKED), 0);
+            return;
+        }
+        Some(v) if v & ASKED == 0 => EARN_NS,
+        Some(_) => ASK_AGAIN_NS,
+    };
+    if let Some(v) = seen
+        && now.wrapping_sub(v & !ASKED) < wait
     {
         return;
     }
-    let _ = WEFT_CT_ASKED.insert(&req, &now, 0);
-    // Woken at once (BPF_RB_FORCE_WAKEUP): a flow waits on the stack for
-    // the answer. A full ring: asked again later.
+    let _ = WEFT_CT_ASKED.insert(&req, &(now | ASKED), 0);
+    // Woken at once (BPF_RB_FORCE_WAKEUP): a flow that lasted waits on
+    // the stack for the answer. A full ring: asked again later.
     let _ = WEFT_CT_REQUESTS.output::<CtRequest>(&req, BPF_RB_FORCE_WAKEUP);
 }
