@@ -27,8 +27,9 @@
 //!   current; with the agent away new flows simply stay on the stack.
 //! - A flow earns the marking by lasting: it is asked for only once one
 //!   of its packets comes [`EARN_NS`] after the flow's first was seen
-//!   here. A short connection (a health check, an HTTP/1.0 request, DNS
-//!   over TCP) is over by then and costs the agent nothing: asking at
+//!   here, or at once by a GSO packet, which only a bulk flow sends. A
+//!   short connection (a health check, an HTTP/1.0 request, DNS over
+//!   TCP) is over by then and costs the agent nothing: asking at
 //!   once cost each connection a ring-buffer wake-up (an interrupt to
 //!   itself, a VM exit where the guest's APIC is emulated), a wake-up of
 //!   the agent's marker and a netlink round trip, and halved the
@@ -285,7 +286,9 @@ pub(crate) fn allows(
             true
         }
         Entry::NotLiberal => {
-            ask(&flow, proto, ports);
+            // SAFETY: reading a field of the context's own sk_buff.
+            let bulk = unsafe { (*ctx.skb.skb).gso_size } != 0;
+            ask(&flow, proto, ports, bulk);
             false
         }
         Entry::Stack => false,
@@ -373,13 +376,14 @@ fn refresh_timeout(ct: *mut NfConn, timeout_ms: u32, refresh: u32) {
 }
 
 /// Asks the agent to make the flow's entry liberal once the flow has
-/// lasted [`EARN_NS`] (its first packet here only starts the wait), unless
+/// lasted [`EARN_NS`] (its first packet here only starts the wait), or at
+/// once for a GSO packet (`bulk`: a bulk flow's), unless
 /// it was asked recently. The request goes to the map helpers by
 /// reference: by value it is copied again, on a stack the transmit program
 /// already nearly fills.
 #[inline(always)]
 #[allow(clippy::needless_borrows_for_generic_args)]
-fn ask(flow: &Flow, proto: u8, ports: (u16, u16)) {
+fn ask(flow: &Flow, proto: u8, ports: (u16, u16), bulk: bool) {
     let mut req = CtRequest {
         family: 4,
         proto,
@@ -405,12 +409,16 @@ fn ask(flow: &Flow, proto: u8, ports: (u16, u16)) {
     // SAFETY: a plain hash lookup; the value is copied out at once.
     let seen = unsafe { WEFT_CT_ASKED.get(&req) }.copied();
     let wait = match seen {
+        // A GSO packet (segments the sender or GRO aggregated) is a bulk
+        // flow's: no short connection sends one, so it asks at once.
+        None if bulk => 0,
         // First seen: the wait starts (an entry evicted from the LRU
         // starts it again).
         None => {
             let _ = WEFT_CT_ASKED.insert(&req, &(now & !ASKED), 0);
             return;
         }
+        Some(v) if v & ASKED == 0 && bulk => 0,
         Some(v) if v & ASKED == 0 => EARN_NS,
         Some(_) => ASK_AGAIN_NS,
     };
