@@ -40,6 +40,10 @@
 //!   wireguard backend with host routing into and out of the devices);
 //!   both need a kernel with WireGuard (`cargo xtask vm-bench`).
 //!
+//! Every configuration's nodes track connections, as every node of a
+//! cluster does (kube-proxy's `ct state invalid drop` in FORWARD;
+//! `WEFT_BENCH_CT=0` turns that rule off).
+//!
 //! Metrics: `tcp_gbps` (1 stream), `tcp4_gbps` (4 streams: four iperf3
 //! clients at once, because iperf3 before 3.16 runs all the streams of
 //! `-P 4` on one thread), `udp64_pps` (64-byte UDP payloads received per
@@ -60,7 +64,8 @@
 //! after the other); `crr_marker_ms` (during that test, the CPU time of
 //! both nodes' conntrack marker threads, the agent's work per new flow
 //! under `--host-routing auto`, in ms per 1,000 connections; 0 where no
-//! marker runs). `WEFT_BENCH_PERF_CRR=1` profiles the connection test.
+//! marker runs). `WEFT_BENCH_PERF_CRR=1` profiles the connection test;
+//! `WEFT_BENCH_CRR_ONLY=1` runs only it (the other metrics read NaN).
 //! Reported: medians over rounds, the ratio of medians against the
 //! baselines, and each round's ratios.
 
@@ -570,6 +575,22 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 13]> {
             )?;
         }
     }
+    // Connection tracking on in every configuration, as on every node of
+    // a cluster: kube-proxy's FORWARD rule drops `ct state invalid`, and
+    // flannel's own masquerade rules are NAT. Without a rule that needs it
+    // the kernel tracks nothing, and only `--host-routing auto` (whose
+    // table loads the state) would pay for it. `WEFT_BENCH_CT=0` leaves it
+    // off, to measure what conntrack itself costs each configuration.
+    if std::env::var("WEFT_BENCH_CT").as_deref() != Ok("0") {
+        for n in &nodes {
+            n.ns.exec(
+                "nft",
+                &[
+                    "add table inet kubelike; add chain inet kubelike forward { type filter hook forward priority 0; }; add rule inet kubelike forward ct state invalid drop",
+                ],
+            )?;
+        }
+    }
     if cfg == "weft_rps" {
         // Receive packet steering on every device of both nodes: each
         // flow's packets queue on one CPU's backlog wherever they were sent.
@@ -624,6 +645,22 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 13]> {
             || iperf_tcp(client, server.ip, streams, secs),
         )
     };
+    // `WEFT_BENCH_CRR_ONLY=1`: only the connection test (the others read
+    // NaN), for quick comparisons of the connection rate alone.
+    if on("WEFT_BENCH_CRR_ONLY") {
+        let marker0 = marker_cpu_s();
+        let crr = profiled(
+            &format!("{cfg}.crr"),
+            secs,
+            on("WEFT_BENCH_PERF_CRR"),
+            || connection_rate(client, &server.ns, server.ip.into(), secs),
+        )?;
+        let marker_ms = (marker_cpu_s() - marker0) * 1000.0 / (crr * secs as f64 / 1000.0).max(1.0);
+        let mut m = [f64::NAN; 13];
+        m[11] = crr;
+        m[12] = marker_ms;
+        return Ok(m);
+    }
     let tcp = tcp_profiled(1)?;
     let before = fast_path_share(&weft_pins);
     let tcp4 = tcp_profiled(4)?;
