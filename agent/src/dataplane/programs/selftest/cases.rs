@@ -470,7 +470,9 @@ fn decap_tc() -> Vec<Case> {
         ),
     ];
     // With the kernel's vxlan device behind the uplink: what goes into a
-    // pod is stripped here as before, the rest is passed on whole.
+    // pod is stripped here as before; the rest is stripped here too while
+    // no GSO frame went whole to the device on this CPU lately (none in
+    // the self-test's own maps), else passed on whole behind it.
     out.extend([
         case(
             "decap tc, kernel receive: straight into the pod",
@@ -495,11 +497,15 @@ fn decap_tc() -> Vec<Case> {
             ),
         ),
         case(
-            "decap tc, kernel receive: no endpoint, passed whole to the vxlan device",
+            "decap tc, kernel receive: no endpoint and no GSO frame lately, stripped for the stack",
             prog::DECAP_TC,
             Mode::KernelRx,
             wire(&to_other),
-            same(TC_ACT_OK, Reason::Passed, &wire(&to_other)),
+            Expect::new(
+                TC_ACT_OK,
+                Reason::Decapsulated,
+                stripped_tc(&to_other, ENCAP4),
+            ),
         ),
     ]);
     for mode in [Mode::Legacy, Mode::KernelRx] {
