@@ -63,9 +63,9 @@ pub mod map_names {
     pub const CT_ASKED: &str = "WEFT_CT_ASKED";
     /// Measured path MTUs by remote IPv4 VTEP (see [`CONFIG_F_PATH_MTU`]).
     pub const PATH_MTU: &str = "WEFT_PATH_MTU";
-    /// Per CPU: when a GSO frame last went whole to the kernel's vxlan
-    /// device (see [`CONFIG_F_KERNEL_RX`]).
-    pub const GSO_RX: &str = "WEFT_GSO_RX";
+    /// Per CPU: when a frame last went whole to the kernel's vxlan device
+    /// (see [`CONFIG_F_KERNEL_RX`]).
+    pub const WHOLE_RX: &str = "WEFT_WHOLE_RX";
 }
 
 /// Program names, as the programs declare them.

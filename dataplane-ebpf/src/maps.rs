@@ -69,10 +69,10 @@ pub(crate) static WEFT_CT_REQUESTS: RingBuf = RingBuf::pinned(64 * 1024, 0);
 #[map]
 pub(crate) static WEFT_CT_ASKED: LruHashMap<CtRequest, u64> = LruHashMap::pinned(4096, 0);
 
-/// When (ns) a GSO frame last went whole to the kernel's vxlan device on
-/// this CPU (see `uplink/strip.rs`).
+/// When (ns) a frame last went whole to the kernel's vxlan device on this
+/// CPU (see `uplink/strip.rs`).
 #[map]
-pub(crate) static WEFT_GSO_RX: PerCpuArray<u64> = PerCpuArray::pinned(1, 0);
+pub(crate) static WEFT_WHOLE_RX: PerCpuArray<u64> = PerCpuArray::pinned(1, 0);
 
 #[inline(always)]
 pub(crate) fn count(reason: Reason, bytes: u32) {

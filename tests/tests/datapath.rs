@@ -124,13 +124,13 @@ fn tc_decapsulation_fallback_carries_traffic_too() {
     assert!(!xdp.contains("prog/xdp"), "{xdp}");
 }
 
-/// With the kernel's vxlan device behind a veth uplink, a frame for the
-/// host stack is stripped in TC while no GSO frame went whole to the device
-/// on that CPU lately (pings: `decapsulated`; `passed` counts the uplink's
-/// other frames, ARP), and a
-/// bulk stream's GSO frames, with the frames right behind them on the same
-/// CPU, pass whole to the device, in order (`passed`; its single segments
-/// after a pause are stripped), and the stream arrives intact.
+/// With the kernel's vxlan device behind a veth uplink, a small frame for
+/// the host stack is stripped in TC while no frame went whole to the device
+/// on that CPU lately (pings: `decapsulated`; a frame passed whole counts
+/// as `passed` on the uplink and `decapsulated` on the device, and
+/// `passed` counts the uplink's ARP too), and a bulk stream's frames, with
+/// the small ones right behind them on the same CPU, pass whole to the
+/// device, in order, and the stream arrives intact.
 #[test]
 fn the_host_stack_path_strips_quiet_frames_and_passes_bulk_ones_whole() {
     let c = cluster(2, XdpMode::Auto);

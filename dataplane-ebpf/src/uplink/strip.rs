@@ -13,7 +13,7 @@ use dataplane_common::{DataplaneConfig, Reason, XDP_DECAP_MARK};
 use crate::{
     family::{Family, V4, V6},
     headers::{ETH_LEN, IPV4_LEN, IPV6_LEN},
-    maps::WEFT_GSO_RX,
+    maps::WEFT_WHOLE_RX,
     packet::{linear, read, write},
     pod::deliver,
     uplink::decap::{CLASSIFY_LEN4, Classified, Decap, classify, classify_len, set_ce},
@@ -119,39 +119,43 @@ fn to_pod_or_kernel(
     Ok(Done::new(action, Reason::DecapBypass, len - decap.len))
 }
 
-/// How long after a GSO frame went whole to the kernel's vxlan device
-/// the frames after it on the same CPU go there too: the device queues
-/// what it decapsulates (its GRO cells, served after the uplink's queue),
-/// so a frame stripped here would overtake them. Far longer than the
+/// How long after a frame went whole to the kernel's vxlan device the
+/// frames after it on the same CPU go there too: the device queues what it
+/// decapsulates (its GRO cells, served after the uplink's queue), so a
+/// frame stripped right behind one would overtake it. Far longer than the
 /// queue holds a frame.
-const GSO_QUIET_NS: u64 = 1_000_000;
+const QUEUED_NS: u64 = 1_000_000;
+
+/// Frames up to this long (outer headers included) are a short
+/// connection's or a quiet flow's: a handshake, an ACK, a small request or
+/// answer. Longer ones are a stream's, which the device's GRO merges.
+const SMALL_FRAME: u32 = 320;
 
 /// A checked frame for the host stack, with the kernel's vxlan device
-/// behind the uplink. A GSO frame passes whole: stripped here it would
-/// keep its tunnel GSO state, and a pod bridge would segment it in
-/// software. Any frame within [`GSO_QUIET_NS`] of one on this CPU passes
-/// whole too, in order behind it. The rest (a short connection's packets,
-/// a quiet flow's) are stripped here and enter the stack on the uplink, as
-/// XDP's are: no outer IP and UDP receive, no conntrack of the tunnel's own
-/// packets, no queue in the device (`cargo xtask bench datapath`,
-/// connections per second of the host-stack path: 0.93x the kernel device
-/// before, 1.09x after).
+/// behind the uplink. A small frame that is not GSO is stripped here and
+/// enters the stack on the uplink, as XDP's do: no outer IP and UDP
+/// receive, no conntrack of the tunnel's own packets, no queue in the
+/// device (`cargo xtask bench datapath`, connections per second of the
+/// host-stack path: 0.93x the kernel device before, 1.09x after). Unless
+/// a frame went whole to the device on this CPU within [`QUEUED_NS`]: then
+/// it goes whole too, in order behind it. Everything else goes whole: a
+/// GSO frame stripped here would keep its tunnel GSO state, which a pod
+/// bridge segments in software, and a stream's segments are merged by
+/// the device's GRO.
 #[inline(always)]
 fn stack(ctx: &TcContext, decap: Decap, len: u32) -> Verdict<i32> {
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: reading a field of the context's own sk_buff.
-    let gso = unsafe { (*ctx.skb.skb).gso_size } != 0;
-    let Some(last) = WEFT_GSO_RX.get_ptr_mut(0) else {
+    let small = len <= SMALL_FRAME && unsafe { (*ctx.skb.skb).gso_size } == 0;
+    let Some(last) = WEFT_WHOLE_RX.get_ptr_mut(0) else {
         return Ok(Done::pass(len));
     };
-    if gso {
-        // SAFETY: this CPU's slot of the array, written only on this CPU.
+    // SAFETY: this CPU's slot of the array, only ever used on this CPU.
+    let queued = now.wrapping_sub(unsafe { *last }) < QUEUED_NS;
+    if !small || queued {
+        // SAFETY: as above.
         unsafe { *last = now };
-        return Ok(Done::pass(len));
-    }
-    // SAFETY: as above.
-    if now.wrapping_sub(unsafe { *last }) < GSO_QUIET_NS {
         return Ok(Done::pass(len));
     }
     strip_tc(ctx, decap)?;
