@@ -33,9 +33,7 @@
 //!   once cost each connection a ring-buffer wake-up (an interrupt to
 //!   itself, a VM exit where the guest's APIC is emulated), a wake-up of
 //!   the agent's marker and a netlink round trip, and halved the
-//!   connection rate (`cargo xtask bench datapath`, `crr_per_s`). While a
-//!   flow earns, its packets take the stack without a conntrack lookup:
-//!   the wait's map says it is young, and its entry cannot be liberal.
+//!   connection rate (`cargo xtask bench datapath`, `crr_per_s`).
 //! - FIN and RST always take the stack, and so does every packet of an
 //!   entry that is no longer ESTABLISHED: conntrack's own state machine
 //!   ends the flow (a half-closed connection streams on through the stack,
@@ -275,16 +273,6 @@ pub(crate) fn allows(
             core::mem::size_of::<SockTupleV6>(),
         ),
     };
-    // SAFETY: reading a field of the context's own sk_buff.
-    let bulk = unsafe { (*ctx.skb.skb).gso_size } != 0;
-    let req = request(&flow, proto, ports);
-    if proto == IPPROTO_TCP && !syn_ack && !bulk && young(&req) {
-        // Still earning the marking: its entry cannot be liberal yet, and
-        // most such flows are short connections that never will be, so
-        // conntrack is not asked (a lookup on each of their packets cost
-        // connections per second more than the asking's map).
-        return false;
-    }
     let (ct, reply) = lookup(ctx.skb.skb, &mut tuple, len as u32, proto);
     if ct.is_null() {
         return false;
@@ -298,7 +286,9 @@ pub(crate) fn allows(
             true
         }
         Entry::NotLiberal => {
-            ask(&req, bulk);
+            // SAFETY: reading a field of the context's own sk_buff.
+            let bulk = unsafe { (*ctx.skb.skb).gso_size } != 0;
+            ask(&flow, proto, ports, bulk);
             false
         }
         Entry::Stack => false,
@@ -393,53 +383,7 @@ fn refresh_timeout(ct: *mut NfConn, timeout_ms: u32, refresh: u32) {
 /// already nearly fills.
 #[inline(always)]
 #[allow(clippy::needless_borrows_for_generic_args)]
-fn ask(req: &CtRequest, bulk: bool) {
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: a plain hash lookup; the value is copied out at once.
-    let seen = unsafe { WEFT_CT_ASKED.get(req) }.copied();
-    let wait = match seen {
-        // A GSO packet (segments the sender or GRO aggregated) is a bulk
-        // flow's: no short connection sends one, so it asks at once.
-        None if bulk => 0,
-        // First seen: the wait starts (an entry evicted from the LRU
-        // starts it again).
-        None => {
-            let _ = WEFT_CT_ASKED.insert(req, &(now & !ASKED), 0);
-            return;
-        }
-        Some(v) if v & ASKED == 0 && bulk => 0,
-        Some(v) if v & ASKED == 0 => EARN_NS,
-        Some(_) => ASK_AGAIN_NS,
-    };
-    if let Some(v) = seen
-        && now.wrapping_sub(v & !ASKED) < wait
-    {
-        return;
-    }
-    let _ = WEFT_CT_ASKED.insert(req, &(now | ASKED), 0);
-    // Woken at once (BPF_RB_FORCE_WAKEUP): a flow that lasted waits on
-    // the stack for the answer. A full ring: asked again later.
-    let _ = WEFT_CT_REQUESTS.output::<CtRequest>(req, BPF_RB_FORCE_WAKEUP);
-}
-
-/// Whether the flow of `req` was first seen here less than [`EARN_NS`]
-/// ago and has not asked yet.
-#[inline(always)]
-fn young(req: &CtRequest) -> bool {
-    // SAFETY: a plain hash lookup; the value is copied out at once.
-    let Some(v) = (unsafe { WEFT_CT_ASKED.get(req) }).copied() else {
-        return false;
-    };
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    v & ASKED == 0 && now.wrapping_sub(v) < EARN_NS
-}
-
-/// The request (and `WEFT_CT_ASKED`'s key) naming the packet's flow in
-/// its direction.
-#[inline(always)]
-fn request(flow: &Flow, proto: u8, ports: (u16, u16)) -> CtRequest {
+fn ask(flow: &Flow, proto: u8, ports: (u16, u16), bulk: bool) {
     let mut req = CtRequest {
         family: 4,
         proto,
@@ -460,5 +404,31 @@ fn request(flow: &Flow, proto: u8, ports: (u16, u16)) -> CtRequest {
             req.daddr = *daddr;
         }
     }
-    req
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a plain hash lookup; the value is copied out at once.
+    let seen = unsafe { WEFT_CT_ASKED.get(&req) }.copied();
+    let wait = match seen {
+        // A GSO packet (segments the sender or GRO aggregated) is a bulk
+        // flow's: no short connection sends one, so it asks at once.
+        None if bulk => 0,
+        // First seen: the wait starts (an entry evicted from the LRU
+        // starts it again).
+        None => {
+            let _ = WEFT_CT_ASKED.insert(&req, &(now & !ASKED), 0);
+            return;
+        }
+        Some(v) if v & ASKED == 0 && bulk => 0,
+        Some(v) if v & ASKED == 0 => EARN_NS,
+        Some(_) => ASK_AGAIN_NS,
+    };
+    if let Some(v) = seen
+        && now.wrapping_sub(v & !ASKED) < wait
+    {
+        return;
+    }
+    let _ = WEFT_CT_ASKED.insert(&req, &(now | ASKED), 0);
+    // Woken at once (BPF_RB_FORCE_WAKEUP): a flow that lasted waits on
+    // the stack for the answer. A full ring: asked again later.
+    let _ = WEFT_CT_REQUESTS.output::<CtRequest>(&req, BPF_RB_FORCE_WAKEUP);
 }
