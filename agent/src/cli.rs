@@ -461,10 +461,6 @@ pub(crate) struct AgentArgs {
     /// lists them), to test what the node does without it (tests only).
     #[arg(long, hide = true, value_name = "FEATURE")]
     pub kernel_feature_off: Vec<String>,
-    /// The conntrack marker's CPU budget in ms of each second (default
-    /// 40), smaller to prove that it holds (tests only).
-    #[arg(long, hide = true, value_name = "MS")]
-    pub conntrack_marker_budget_ms: Option<u64>,
     /// Capacity of the peer maps: remote subnets this node can reach.
     /// Leases beyond it are not programmed (and reported).
     #[arg(long, env = "WEFT_MAX_PEERS", default_value_t = dataplane_common::MAX_PEERS,

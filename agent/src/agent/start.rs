@@ -158,9 +158,6 @@ fn kernel_features(args: &AgentArgs) -> Result<crate::dataplane::KernelFeatures>
         );
     }
     k.turn_off(&args.kernel_feature_off)?;
-    if let Some(ms) = args.conntrack_marker_budget_ms {
-        crate::dataplane::set_marker_budget(std::time::Duration::from_millis(ms));
-    }
     tracing::info!(target: "weft::agent",
         kernel = %k.release,
         probed = !k.cached,

@@ -25,7 +25,6 @@ use aya::maps::{MapData, RingBuf};
 use dataplane_common::{CtRequest, map_names};
 
 use crate::sys::bpffs::PinDir;
-use crate::sys::cpu_budget::{CpuBudget, thread_cpu_time};
 use crate::sys::nfnetlink::Attr;
 use crate::sys::nfnetlink::NLM_F_ACK;
 use crate::sys::nfnetlink::NLM_F_REQUEST;
@@ -128,8 +127,6 @@ pub(crate) struct LiberalStats {
     pub(crate) gone: AtomicU64,
     /// Requests that failed otherwise.
     pub(crate) failed: AtomicU64,
-    /// Times the marker paused at its CPU budget.
-    pub(crate) paused: AtomicU64,
 }
 
 /// ctnetlink's constants for an update of an entry's TCP flags.
@@ -310,22 +307,10 @@ impl Drop for Marker {
 /// How long the thread waits for requests before it looks at `stop`.
 const POLL_MS: i32 = 200;
 
-/// The marker's CPU budget: [`MARKER_BUDGET`] of each [`MARKER_WINDOW`]
-/// (4% of a core; a request takes tens of microseconds, so about a
-/// thousand flows a second). A storm of new flows past that waits in the
-/// ring, on the host stack, until the next window (a request lost to a full
-/// ring is asked again), so the realtime thread never takes more, however
-/// many flows start.
-const MARKER_WINDOW: Duration = Duration::from_secs(1);
-const MARKER_BUDGET: Duration = Duration::from_millis(40);
-
-/// A smaller budget than [`MARKER_BUDGET`], set once at start
-/// (`--conntrack-marker-budget-ms`, tests only).
-static BUDGET_OVERRIDE: OnceLock<Duration> = OnceLock::new();
-
-pub(crate) fn set_marker_budget(budget: Duration) {
-    let _ = BUDGET_OVERRIDE.set(budget.min(MARKER_BUDGET));
-}
+/// Requests answered before the thread sleeps a millisecond (each takes
+/// tens of microseconds): at most about half a CPU however many flows
+/// start.
+const BATCH: u32 = 32;
 
 /// Makes the calling thread realtime (SCHED_FIFO, the lowest priority): a
 /// flow's first data waits on the host stack until the thread answers. On a
@@ -368,12 +353,6 @@ fn realtime() {
 fn serve(mut ring: RingBuf<MapData>, sock: Socket, stats: &LiberalStats, stop: &AtomicBool) {
     use std::os::fd::AsRawFd as _;
     realtime();
-    let mut budget = CpuBudget::new(
-        MARKER_WINDOW,
-        BUDGET_OVERRIDE.get().copied().unwrap_or(MARKER_BUDGET),
-        Instant::now(),
-        thread_cpu_time(),
-    );
     let mut seq = 0u32;
     while !stop.load(Relaxed) {
         let mut pfd = libc::pollfd {
@@ -391,22 +370,17 @@ fn serve(mut ring: RingBuf<MapData>, sock: Socket, stats: &LiberalStats, stop: &
             tracing::error!(error = %e, "cannot poll the conntrack requests; fast-path TCP flows stay on the stack");
             return;
         }
-        loop {
-            if let Some(rest) = budget.pause(Instant::now(), thread_cpu_time()) {
-                // A storm of new flows: the thread is realtime, so it
-                // leaves the CPU to the rest for what is left of the
-                // window (what waits stays on the stack).
-                stats.paused.fetch_add(1, Relaxed);
-                std::thread::sleep(rest);
-                if stop.load(Relaxed) {
-                    return;
-                }
-            }
-            let Some(item) = ring.next() else {
-                break;
-            };
+        let mut batch = 0u32;
+        while let Some(item) = ring.next() {
             if item.len() < std::mem::size_of::<CtRequest>() {
                 continue;
+            }
+            batch += 1;
+            if batch.is_multiple_of(BATCH) {
+                // A storm of new flows: the thread is realtime, so it
+                // leaves the CPU to the rest now and then (what waits stays
+                // on the stack).
+                std::thread::sleep(Duration::from_millis(1));
             }
             // SAFETY: the item holds at least a CtRequest's bytes, written
             // by the programs as one; read_unaligned has no alignment

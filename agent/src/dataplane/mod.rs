@@ -33,7 +33,6 @@ use anyhow::Result;
 use ipnet::IpNet;
 
 pub use crate::sys::bpffs::{DEFAULT_DIR as DEFAULT_PIN_DIR, PinDir, is_bpffs};
-pub(crate) use conntrack::set_marker_budget;
 pub(crate) use endpoints::pod_ifs;
 pub use endpoints::{EndpointSpec, EndpointSync};
 pub use maps::{Counters, EndpointMap, PeerMaps};

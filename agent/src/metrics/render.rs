@@ -42,12 +42,6 @@ impl Metrics {
             ] {
                 f.sample(&[("result", &result)], v.load(Relaxed));
             }
-            e.family(
-                "weft_conntrack_marker_paused_total",
-                Kind::Counter,
-                "Times the realtime conntrack marker used its CPU budget (4% of a core each second) and paused for the rest of the second; flows waiting meanwhile stay on the host stack.",
-            )
-            .value(l.paused.load(Relaxed));
         }
         e.into_string()
     }

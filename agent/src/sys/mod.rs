@@ -8,7 +8,6 @@
 pub(crate) mod bpf;
 pub(crate) mod bpffs;
 pub(crate) mod bpffs_hold;
-pub(crate) mod cpu_budget;
 pub(crate) mod echo_sweep;
 pub(crate) mod ethtool;
 pub(crate) mod fs;
