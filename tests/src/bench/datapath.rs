@@ -645,9 +645,9 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 13]> {
             || iperf_tcp(client, server.ip, streams, secs),
         )
     };
-    // `WEFT_BENCH_CRR_ONLY=1`: only the connection test (the others read
-    // NaN), for quick comparisons of the connection rate alone.
-    if on("WEFT_BENCH_CRR_ONLY") {
+    // The connection test: connections per second, and the marker's CPU
+    // time per 1,000 of them.
+    let connections = || -> Result<(f64, f64)> {
         let marker0 = marker_cpu_s();
         let crr = profiled(
             &format!("{cfg}.crr"),
@@ -655,10 +655,14 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 13]> {
             on("WEFT_BENCH_PERF_CRR"),
             || connection_rate(client, &server.ns, server.ip.into(), secs),
         )?;
-        let marker_ms = (marker_cpu_s() - marker0) * 1000.0 / (crr * secs as f64 / 1000.0).max(1.0);
+        let per_1000 = (crr * secs as f64 / 1000.0).max(1.0);
+        Ok((crr, (marker_cpu_s() - marker0) * 1000.0 / per_1000))
+    };
+    // `WEFT_BENCH_CRR_ONLY=1`: only the connection test (the others read
+    // NaN), for quick comparisons of the connection rate alone.
+    if on("WEFT_BENCH_CRR_ONLY") {
         let mut m = [f64::NAN; 13];
-        m[11] = crr;
-        m[12] = marker_ms;
+        (m[11], m[12]) = connections()?;
         return Ok(m);
     }
     let tcp = tcp_profiled(1)?;
@@ -692,14 +696,7 @@ fn measure(cfg: &str, secs: u64) -> Result<[f64; 13]> {
         &format!("{cfg}.paced"),
         on("WEFT_BENCH_PERF_PACED"),
     )?;
-    let marker0 = marker_cpu_s();
-    let crr = profiled(
-        &format!("{cfg}.crr"),
-        secs,
-        on("WEFT_BENCH_PERF_CRR"),
-        || connection_rate(client, &server.ns, server.ip.into(), secs),
-    )?;
-    let marker_ms = (marker_cpu_s() - marker0) * 1000.0 / (crr * secs as f64 / 1000.0).max(1.0);
+    let (crr, marker_ms) = connections()?;
     Ok([
         tcp, tcp4, udp, p50, p99, tcp6, udp6, p50_6, p99_6, tcp_node, cpu, crr, marker_ms,
     ])
