@@ -59,6 +59,9 @@ pub mod map_names {
     /// Ring buffer: flows whose conntrack entry the agent is asked to make
     /// liberal (see `CtRequest`).
     pub const CT_REQUESTS: &str = "WEFT_CT_REQUESTS";
+    /// Ring buffer: the same for flows that earned the marking by lasting
+    /// rather than by a GSO packet (see `CtRequest`).
+    pub const CT_EARNED: &str = "WEFT_CT_EARNED";
     /// Flows asked about recently (LRU), so a flow is asked about once.
     pub const CT_ASKED: &str = "WEFT_CT_ASKED";
     /// Measured path MTUs by remote IPv4 VTEP (see [`CONFIG_F_PATH_MTU`]).
@@ -236,7 +239,8 @@ pub struct DataplaneConfig {
 
 /// A flow whose conntrack entry is ESTABLISHED and ASSURED but not yet
 /// liberal: the programs ask the agent (through the `WEFT_CT_REQUESTS`
-/// ring buffer) to mark both its directions `IP_CT_TCP_FLAG_BE_LIBERAL`
+/// ring buffer for a bulk flow, `WEFT_CT_EARNED` for one that lasted) to
+/// mark both its directions `IP_CT_TCP_FLAG_BE_LIBERAL`
 /// over ctnetlink, as the kernel's flowtable does when it offloads a flow,
 /// so a packet of it that takes the host stack later (a FIN, a hand-back)
 /// is in window for conntrack, which did not see the window move. Also the

@@ -22,7 +22,9 @@
 //!   of window, hence INVALID, to a strict conntrack (`tcp_loose=0`,
 //!   `ct state invalid drop`). No kfunc can write those flags; the agent
 //!   does, over ctnetlink, when the programs ask (the `WEFT_CT_REQUESTS`
-//!   ring buffer), as the kernel's flowtable does when it offloads a flow.
+//!   ring buffer for a bulk flow, read by a realtime thread, and
+//!   `WEFT_CT_EARNED` for a flow that lasted, read by a normal one), as the
+//!   kernel's flowtable does when it offloads a flow.
 //!   Until then the flow's packets take the stack, which keeps the window
 //!   current; with the agent away new flows simply stay on the stack.
 //! - A flow earns the marking by lasting: it is asked for only once one
@@ -65,7 +67,7 @@ use dataplane_common::{CtRequest, DataplaneConfig};
 
 use crate::{
     headers::{IPPROTO_TCP, IPPROTO_UDP},
-    maps::{WEFT_CT_ASKED, WEFT_CT_REQUESTS},
+    maps::{WEFT_CT_ASKED, WEFT_CT_EARNED, WEFT_CT_REQUESTS},
 };
 
 /// `struct bpf_sock_tuple` for IPv4 (the kernel's is a union; 12 bytes).
@@ -428,7 +430,17 @@ fn ask(flow: &Flow, proto: u8, ports: (u16, u16), bulk: bool) {
         return;
     }
     let _ = WEFT_CT_ASKED.insert(&req, &(now | ASKED), 0);
-    // Woken at once (BPF_RB_FORCE_WAKEUP): a flow that lasted waits on
-    // the stack for the answer. A full ring: asked again later.
-    let _ = WEFT_CT_REQUESTS.output::<CtRequest>(&req, BPF_RB_FORCE_WAKEUP);
+    // A full ring: asked again later.
+    if bulk {
+        // To the agent's realtime thread, woken at once
+        // (BPF_RB_FORCE_WAKEUP): a bulk flow waits on the stack for the
+        // answer.
+        let _ = WEFT_CT_REQUESTS.output::<CtRequest>(&req, BPF_RB_FORCE_WAKEUP);
+    } else {
+        // To a normal thread, woken only when it has read all before (a
+        // flood of connections that lasted is read in batches): these
+        // flows have waited EARN_NS already, and a realtime thread serving
+        // a flood would starve the node.
+        let _ = WEFT_CT_EARNED.output::<CtRequest>(&req, 0);
+    }
 }

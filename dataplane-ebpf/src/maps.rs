@@ -59,10 +59,17 @@ pub(crate) static WEFT_CONFIG: Array<DataplaneConfig> = Array::pinned(1, 0);
 pub(crate) static WEFT_COUNTERS: PerCpuArray<Counter> = PerCpuArray::pinned(Reason::COUNT, 0);
 
 /// Flows whose conntrack entry the agent is asked to make liberal (see
-/// `ct.rs`): 1,600 requests of 40 bytes (and their headers) before the ring
-/// is full and further flows wait their turn on the stack.
+/// `ct.rs`), asked by a GSO packet (a bulk flow's): 1,600 requests of 40
+/// bytes (and their headers) before the ring is full and further flows
+/// wait their turn on the stack. The agent's realtime thread reads it.
 #[map]
 pub(crate) static WEFT_CT_REQUESTS: RingBuf = RingBuf::pinned(64 * 1024, 0);
+
+/// The same for flows that earned the marking by lasting (a flood of short
+/// connections asks here, never in `WEFT_CT_REQUESTS`); read by a normal
+/// thread of the agent.
+#[map]
+pub(crate) static WEFT_CT_EARNED: RingBuf = RingBuf::pinned(64 * 1024, 0);
 
 /// When each flow was last asked about (ns), so a flow is asked once, not
 /// on every packet until the agent answers.

@@ -7,29 +7,23 @@
 //! window (`IP_CT_TCP_FLAG_BE_LIBERAL` in both directions), so a packet of
 //! it that returns to the stack later is not INVALID to a conntrack that no
 //! longer saw the window move. No kfunc can set those flags; ctnetlink can
-//! (as conntrackd does). The programs ask through the `WEFT_CT_REQUESTS`
-//! ring buffer and the flow stays on the stack until the flags are set:
-//! with the agent away, new flows keep the stack, old ones their fast path.
+//! (as conntrackd does). The programs ask through two ring buffers, which
+//! `marker.rs` reads, and the flow stays on the stack until the flags are
+//! set: with the agent away, new flows keep the stack, old ones their fast
+//! path.
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
-    sync::{
-        Arc, OnceLock,
-        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
-    },
+    sync::{OnceLock, atomic::AtomicU64},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result};
-use aya::maps::{MapData, RingBuf};
-use dataplane_common::{CtRequest, map_names};
+use dataplane_common::CtRequest;
 
-use crate::sys::bpffs::PinDir;
 use crate::sys::nfnetlink::Attr;
 use crate::sys::nfnetlink::NLM_F_ACK;
 use crate::sys::nfnetlink::NLM_F_REQUEST;
 use crate::sys::nfnetlink::Socket;
-use crate::sys::nfnetlink::is_enoent;
 use crate::sys::nfnetlink::message;
 
 /// What the programs refresh a fast-path flow's entry to, and when.
@@ -127,6 +121,9 @@ pub(crate) struct LiberalStats {
     pub(crate) gone: AtomicU64,
     /// Requests that failed otherwise.
     pub(crate) failed: AtomicU64,
+    /// Times a marker thread spent its CPU budget and paused
+    /// (`marker.rs`).
+    pub(crate) paused: AtomicU64,
 }
 
 /// ctnetlink's constants for an update of an entry's TCP flags.
@@ -181,7 +178,7 @@ pub(crate) fn poke_ctnetlink() {
 /// The ctnetlink update that makes `req`'s entry liberal both ways (an
 /// update only: without NLM_F_CREATE nothing is created). The tuple may be
 /// either direction's: the lookup finds both.
-fn liberal_update(req: &CtRequest, seq: u32) -> Option<Vec<u8>> {
+pub(super) fn liberal_update(req: &CtRequest, seq: u32) -> Option<Vec<u8>> {
     let (family, ip) = match req.family {
         4 => {
             let a = |b: &[u8; 16]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
@@ -244,7 +241,7 @@ fn liberal_update(req: &CtRequest, seq: u32) -> Option<Vec<u8>> {
 }
 
 /// A flow's request, readable in logs.
-fn describe(req: &CtRequest) -> String {
+pub(super) fn describe(req: &CtRequest) -> String {
     let port = |p: u16| u16::from_be(p);
     match req.family {
         6 => format!(
@@ -261,151 +258,6 @@ fn describe(req: &CtRequest) -> String {
             Ipv4Addr::new(req.daddr[0], req.daddr[1], req.daddr[2], req.daddr[3]),
             port(req.dport)
         ),
-    }
-}
-
-/// Answers the programs' requests from the pinned ring buffer under
-/// `pins` on a thread of its own (in this thread's network namespace, the
-/// node's): a flow waits on the stack for the answer, so it must not wait
-/// behind the agent's other work. Stops when the returned [`Marker`] drops.
-pub(crate) fn spawn_marker(pins: &PinDir, stats: Arc<LiberalStats>) -> Result<Marker> {
-    let path = pins.map(map_names::CT_REQUESTS);
-    let data = MapData::from_pin(&path)
-        .with_context(|| format!("opening the pinned ring buffer {}", path.display()))?;
-    let ring = RingBuf::try_from(aya::maps::Map::RingBuf(data))
-        .context("the conntrack request map is not a ring buffer")?;
-    let sock = Socket::open()?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread = std::thread::Builder::new()
-        .name("weft-conntrack".into())
-        .spawn({
-            let stop = stop.clone();
-            move || serve(ring, sock, &stats, &stop)
-        })
-        .context("starting the conntrack marker thread")?;
-    Ok(Marker {
-        stop,
-        thread: Some(thread),
-    })
-}
-
-/// The marker thread; stops it when dropped.
-pub(crate) struct Marker {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Marker {
-    fn drop(&mut self) {
-        self.stop.store(true, Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// How long the thread waits for requests before it looks at `stop`.
-const POLL_MS: i32 = 200;
-
-/// Requests answered before the thread sleeps a millisecond (each takes
-/// tens of microseconds): at most about half a CPU however many flows
-/// start.
-const BATCH: u32 = 32;
-
-/// Makes the calling thread realtime (SCHED_FIFO, the lowest priority): a
-/// flow's first data waits on the host stack until the thread answers. On a
-/// node whose CPUs are busy with traffic a normal thread (even at nice
-/// -20) was measured waking 1 to 3 ms after a request, this one in about
-/// 0.1 ms. Where realtime is refused (no CAP_SYS_NICE, or a container's
-/// cgroup without a realtime budget), the highest nice value, else a
-/// normal thread; the log says which.
-fn realtime() {
-    // SAFETY: sched_param is plain old data (musl's has more fields than
-    // glibc's); all zeroes is a valid value.
-    let mut p: libc::sched_param = unsafe { std::mem::zeroed() };
-    p.sched_priority = 1;
-    // The system call itself (musl's wrapper answers ENOSYS: the kernel's
-    // call is per thread, POSIX's per process).
-    // SAFETY: sched_setscheduler on the calling thread (0) with a valid
-    // parameter block.
-    let rt = unsafe {
-        libc::syscall(
-            libc::SYS_sched_setscheduler,
-            0,
-            libc::SCHED_FIFO,
-            &p as *const libc::sched_param,
-        )
-    };
-    if rt == 0 {
-        tracing::debug!("the conntrack marker thread is realtime");
-        return;
-    }
-    let why = std::io::Error::last_os_error();
-    // SAFETY: setpriority on the calling thread (Linux: who 0 is the
-    // calling thread) with a plain value.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) } == 0 {
-        tracing::info!(realtime = %why, "the conntrack marker thread runs at nice -20 (realtime refused): new flows may wait a little longer on the host stack on a busy node");
-    } else {
-        tracing::info!(realtime = %why, nice = %std::io::Error::last_os_error(), "the conntrack marker runs as a normal thread (no CAP_SYS_NICE): new flows may wait a little longer on the host stack on a busy node");
-    }
-}
-
-fn serve(mut ring: RingBuf<MapData>, sock: Socket, stats: &LiberalStats, stop: &AtomicBool) {
-    use std::os::fd::AsRawFd as _;
-    realtime();
-    let mut seq = 0u32;
-    while !stop.load(Relaxed) {
-        let mut pfd = libc::pollfd {
-            fd: ring.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: poll on one valid pollfd, for at most POLL_MS.
-        let n = unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            tracing::error!(error = %e, "cannot poll the conntrack requests; fast-path TCP flows stay on the stack");
-            return;
-        }
-        let mut batch = 0u32;
-        while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<CtRequest>() {
-                continue;
-            }
-            batch += 1;
-            if batch.is_multiple_of(BATCH) {
-                // A storm of new flows: the thread is realtime, so it
-                // leaves the CPU to the rest now and then (what waits stays
-                // on the stack).
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            // SAFETY: the item holds at least a CtRequest's bytes, written
-            // by the programs as one; read_unaligned has no alignment
-            // requirement and every bit pattern is valid.
-            let req: CtRequest = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            drop(item);
-
-            seq = seq.wrapping_add(1);
-            let Some(msg) = liberal_update(&req, seq) else {
-                continue;
-            };
-            match sock.send(&msg).and_then(|()| sock.acks(1)) {
-                Ok(()) => {
-                    stats.marked.fetch_add(1, Relaxed);
-                    tracing::trace!(flow = %describe(&req), "conntrack: flow made liberal for the fast path");
-                }
-                Err(e) if is_enoent(&e) => {
-                    stats.gone.fetch_add(1, Relaxed);
-                }
-                Err(e) => {
-                    stats.failed.fetch_add(1, Relaxed);
-                    tracing::debug!(flow = %describe(&req), error = %format!("{e:#}"), "conntrack: cannot make a flow liberal; it stays on the stack");
-                }
-            }
-        }
     }
 }
 

@@ -17,6 +17,7 @@ mod conntrack;
 mod endpoints;
 mod host;
 mod maps;
+mod marker;
 mod names;
 mod netfilter;
 pub(crate) mod netkit;

@@ -42,6 +42,12 @@ impl Metrics {
             ] {
                 f.sample(&[("result", &result)], v.load(Relaxed));
             }
+            e.family(
+                "weft_conntrack_marker_paused_total",
+                Kind::Counter,
+                "Times a conntrack marker thread spent its CPU budget and paused for the rest of a 100 ms window (flows waiting for their marking stay on the host stack meanwhile).",
+            )
+            .value(l.paused.load(Relaxed));
         }
         e.into_string()
     }

@@ -822,7 +822,8 @@ fn connection_rate(client: &Netns, server_ns: &Netns, ip: IpAddr, secs: u64) -> 
 }
 
 /// The CPU time (user and system, seconds) this process's conntrack marker
-/// threads (`weft-conntrack`, one per node running `--host-routing auto`)
+/// threads (`weft-ct-bulk` and `weft-ct-earned`, two per node running
+/// `--host-routing auto`)
 /// have used so far.
 fn marker_cpu_s() -> f64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -833,7 +834,7 @@ fn marker_cpu_s() -> f64 {
     let mut ticks = 0u64;
     for t in tasks.flatten() {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.trim() != "weft-conntrack" {
+        if !matches!(comm.trim(), "weft-ct-bulk" | "weft-ct-earned") {
             continue;
         }
         let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();

@@ -42,7 +42,6 @@ use self::{
     peers::{PeerTable, Routing},
     programs::Programs,
 };
-use crate::dataplane::conntrack;
 use crate::dataplane::endpoints::EndpointSpec;
 use crate::dataplane::endpoints::EndpointSync;
 use crate::dataplane::endpoints::Endpoints;
@@ -65,6 +64,7 @@ use crate::dataplane::types::Family;
 use crate::dataplane::types::HostRouting;
 use crate::dataplane::types::Peer;
 use crate::dataplane::types::PeerUpdate;
+use crate::dataplane::{conntrack, marker};
 use crate::lease::Subnets;
 use crate::sys::bpffs_hold::BpffsHold;
 use crate::sys::netlink::Netlink;
@@ -84,7 +84,7 @@ pub(crate) struct Overlay {
     endpoints: Endpoints,
     /// Makes fast-path TCP flows liberal in conntrack when the programs ask
     /// (`--host-routing auto`); stopped with the overlay.
-    _marker: Option<conntrack::Marker>,
+    _marker: Option<marker::Marker>,
     liberal: Arc<conntrack::LiberalStats>,
     /// The pin directory, held open (see [`BpffsHold`]).
     bpffs: Option<BpffsHold>,
@@ -270,7 +270,7 @@ impl Overlay {
         // complete (see `verify`).
         o.programs.log(o.spec.host_routing);
         if o.spec.host_routing == HostRouting::Auto && o.programs.has_conntrack() {
-            o._marker = Some(conntrack::spawn_marker(&o.spec.pins, o.liberal.clone())?);
+            o._marker = Some(marker::spawn_marker(&o.spec.pins, o.liberal.clone())?);
         }
         loader::remove_other_versions(&o.spec.pins)?;
         if adopting {

@@ -25,7 +25,6 @@ use ipnet::IpNet;
 
 use crate::dataplane::Peer;
 use crate::dataplane::config;
-use crate::dataplane::conntrack;
 use crate::dataplane::endpoints::EndpointSpec;
 use crate::dataplane::endpoints::EndpointSync;
 use crate::dataplane::endpoints::Endpoints;
@@ -41,6 +40,7 @@ use crate::dataplane::programs::loader::LoadOptions;
 use crate::dataplane::programs::loader::Loaded;
 use crate::dataplane::programs::loader::off_runtime;
 use crate::dataplane::types::HostRouting;
+use crate::dataplane::{conntrack, marker};
 use crate::lease::Subnets;
 use crate::sys::bpffs::PinDir;
 use crate::sys::netlink::Netlink;
@@ -67,7 +67,7 @@ pub(crate) struct FastPath {
     /// The peers the maps hold.
     peers: HashMap<IpNet, Peer>,
     /// Marks fast-path TCP flows liberal in conntrack (`auto`).
-    _marker: Option<conntrack::Marker>,
+    _marker: Option<marker::Marker>,
     liberal: Arc<conntrack::LiberalStats>,
     /// Forwards the drop trace to the log.
     _trace: Option<crate::dataplane::trace::DropTrace>,
@@ -123,7 +123,7 @@ impl FastPath {
             )?);
         }
         if host_routing == HostRouting::Auto && f.loaded.has_conntrack() {
-            f._marker = Some(conntrack::spawn_marker(pins, f.liberal.clone())?);
+            f._marker = Some(marker::spawn_marker(pins, f.liberal.clone())?);
         }
         loader::remove_other_versions(pins)?;
         tracing::info!(
