@@ -97,6 +97,16 @@ pub(crate) fn spawn_marker(pins: &PinDir, stats: Arc<LiberalStats>) -> Result<Ma
         (map_names::CT_EARNED, "weft-ct-earned", EARNED),
     ] {
         let path = pins.map(map);
+        if map == map_names::CT_EARNED && !path.exists() {
+            // Programs of an earlier build kept running (an upgrade they
+            // refused): they ask on the bulk ring alone, whose thread's
+            // budget bounds it all the same.
+            tracing::info!(
+                map,
+                "the running programs ask for conntrack markings on one ring: one marker thread"
+            );
+            continue;
+        }
         let data = MapData::from_pin(&path)
             .with_context(|| format!("opening the pinned ring buffer {}", path.display()))?;
         let ring = RingBuf::try_from(aya::maps::Map::RingBuf(data))
