@@ -233,13 +233,10 @@ impl Meter {
     /// demotes the thread or pauses it as its budget says. Whether it
     /// paused.
     fn account(&mut self) -> bool {
-        let elapsed = self.start.elapsed();
-        if elapsed >= WINDOW {
-            self.start = Instant::now();
-            self.cpu = thread_cpu();
-            self.promote();
+        if self.renew() {
             return false;
         }
+        let elapsed = self.start.elapsed();
         match self.budget.mode(thread_cpu().saturating_sub(self.cpu)) {
             Mode::Realtime => false,
             Mode::Normal => {
@@ -256,6 +253,20 @@ impl Meter {
                 true
             }
         }
+    }
+
+    /// Starts a new window if this one is over (the thread realtime again
+    /// where allowed): at a wake-up, so a request after a quiet spell is
+    /// served as the budget says, not as the last window left it. Whether
+    /// it did.
+    fn renew(&mut self) -> bool {
+        if self.start.elapsed() < WINDOW {
+            return false;
+        }
+        self.start = Instant::now();
+        self.cpu = thread_cpu();
+        self.promote();
+        true
     }
 
     /// Back to realtime for a new window, where the thread is allowed it.
@@ -293,6 +304,7 @@ fn serve(
             tracing::error!(thread = %name, error = %e, "cannot poll the conntrack requests; fast-path TCP flows stay on the stack");
             return;
         }
+        meter.renew();
         loop {
             let Some(item) = ring.next() else { break };
             if item.len() < std::mem::size_of::<CtRequest>() {
@@ -419,6 +431,34 @@ mod tests {
                 "{realtime:?} realtime, {normal:?} normal"
             );
             assert!(all < 0.13, "{all:.3} of a core in all");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_demoted_bulk_thread_is_realtime_again_in_the_next_window() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("not root: realtime is refused, nothing to measure");
+            return;
+        }
+        std::thread::spawn(|| {
+            let mut m = Meter::new(BULK, "test");
+            let t0 = Instant::now();
+            // Spends its realtime share (and less than its whole one).
+            while m.realtime && t0.elapsed() < Duration::from_secs(10) {
+                let spin = Instant::now();
+                while spin.elapsed() < Duration::from_micros(50) {}
+                m.account();
+            }
+            // SAFETY: sched_getscheduler on the calling thread.
+            assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
+            // A quiet spell, then a wake-up.
+            std::thread::sleep(WINDOW);
+            assert!(m.renew());
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_FIFO);
         })
         .join()
         .unwrap();
