@@ -246,7 +246,9 @@ impl Meter {
                 false
             }
             Mode::Pause => {
-                std::thread::sleep(WINDOW - elapsed);
+                // Saturating: the window may have ended since `renew`
+                // looked.
+                std::thread::sleep(WINDOW.saturating_sub(elapsed));
                 self.start = Instant::now();
                 self.cpu = thread_cpu();
                 self.promote();
