@@ -378,8 +378,7 @@ mod tests {
         // Bounded in time: on a CPU shared with other tests the share
         // comes later, and is smaller.
         while paused < 3 && t0.elapsed() < Duration::from_secs(10) {
-            let spin = Instant::now();
-            while spin.elapsed() < Duration::from_micros(50) {}
+            spin();
             if m.account() {
                 paused += 1;
             }
@@ -389,16 +388,27 @@ mod tests {
         assert!(share < 0.10, "used {share:.3} of a core");
     }
 
-    #[test]
-    fn a_bulk_thread_is_realtime_for_its_share_then_normal_then_paused() {
+    /// Spins the calling thread for 50 µs.
+    fn spin() {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_micros(50) {}
+    }
+
+    /// Runs `f` on a thread of its own (the test harness's threads are not
+    /// to be made realtime), as root; without root realtime is refused and
+    /// there is nothing to measure.
+    fn as_root_on_a_thread(f: impl FnOnce() + Send + 'static) {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("not root: realtime is refused, nothing to measure");
             return;
         }
-        // On a thread of its own: the test harness's threads are not to be
-        // made realtime.
-        std::thread::spawn(|| {
+        std::thread::spawn(f).join().unwrap();
+    }
+
+    #[test]
+    fn a_bulk_thread_is_realtime_for_its_share_then_normal_then_paused() {
+        as_root_on_a_thread(|| {
             let mut m = Meter::new(BULK, "test");
             assert!(m.realtime, "root is refused realtime");
             let (t0, mut paused) = (Instant::now(), 0);
@@ -407,8 +417,7 @@ mod tests {
                 // SAFETY: sched_getscheduler on the calling thread.
                 let policy = unsafe { libc::sched_getscheduler(0) };
                 let c = thread_cpu();
-                let spin = Instant::now();
-                while spin.elapsed() < Duration::from_micros(50) {}
+                spin();
                 let used = thread_cpu() - c;
                 if policy == libc::SCHED_FIFO {
                     realtime += used;
@@ -433,25 +442,17 @@ mod tests {
                 "{realtime:?} realtime, {normal:?} normal"
             );
             assert!(all < 0.13, "{all:.3} of a core in all");
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn a_demoted_bulk_thread_is_realtime_again_in_the_next_window() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("not root: realtime is refused, nothing to measure");
-            return;
-        }
-        std::thread::spawn(|| {
+        as_root_on_a_thread(|| {
             let mut m = Meter::new(BULK, "test");
             let t0 = Instant::now();
             // Spends its realtime share (and less than its whole one).
             while m.realtime && t0.elapsed() < Duration::from_secs(10) {
-                let spin = Instant::now();
-                while spin.elapsed() < Duration::from_micros(50) {}
+                spin();
                 m.account();
             }
             // SAFETY: sched_getscheduler on the calling thread.
@@ -461,8 +462,6 @@ mod tests {
             assert!(m.renew());
             // SAFETY: as above.
             assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_FIFO);
-        })
-        .join()
-        .unwrap();
+        });
     }
 }
