@@ -78,26 +78,16 @@ fn conntrack_as_a_module_is_loaded_called_and_held_by_the_programs() {
         c.nodes[0].wait_dataplane_up(weft_tests::scaled(Duration::from_secs(30)));
         let (available, detail) = conntrack_detail(&c.nodes[0]);
         assert!(available && detail.contains("vmlinux's BTF"), "{detail}");
+        let log = c.nodes[0].agent.log();
+        assert!(log.contains("conntrack_kfuncs=\"in vmlinux's BTF"), "{log}");
         return;
     }
 
-    // A module: unloaded first where nothing holds it yet (a fresh VM),
-    // so the agent has to load it.
-    let _ = rmmod(&["nf_conntrack_netlink"]);
-    let unloaded = rmmod(&["nf_conntrack"]).0 || !Path::new(MODULE).exists();
-    println!("nf_conntrack unloaded before the agent starts: {unloaded}");
-    let c = WeftCluster::new(1, &[]).unwrap();
-    let n = &c.nodes[0];
-    n.wait_dataplane_up(weft_tests::scaled(Duration::from_secs(30)));
-    assert!(Path::new(MODULE).exists(), "the agent loaded the module");
-    let (available, detail) = conntrack_detail(n);
-    let id = btf_id("nf_conntrack").expect("the module's BTF is listed");
-    assert!(
-        available && detail.contains(&format!("the nf_conntrack module's BTF (BTF id {id})")),
-        "{detail}"
-    );
-    let status = n.weft(&["status"]).unwrap();
-    assert!(status.contains("nf_conntrack module's BTF"), "{status}");
+    // A module: unloaded first (nothing holds it yet in a fresh VM), so
+    // the agent has to load it.
+    unload();
+    let mut c = WeftCluster::new(1, &[]).unwrap();
+    let id = loaded_and_said(&c.nodes[0]);
 
     // Every loaded program that calls the kfuncs holds the module: the
     // kernel refuses to unload it.
@@ -106,12 +96,69 @@ fn conntrack_as_a_module_is_loaded_called_and_held_by_the_programs() {
     assert!(!ok && why.contains("in use"), "rmmod: {why}");
     assert!(Path::new("/sys/kernel/btf/nf_conntrack").exists());
 
-    // The agent's programs gone (the agent stopped, its pins and the
-    // node's devices removed): the references they held go with them.
-    drop(c);
+    // The agent stopped and what it set up removed (`weft teardown`): the
+    // references the programs held go with them, and the module can be
+    // unloaded.
+    let n = &mut c.nodes[0];
+    n.agent.stop().unwrap();
+    n.weft(&["teardown"]).unwrap();
     eventually(
         "the programs' references on nf_conntrack to go",
         weft_tests::scaled(Duration::from_secs(30)),
         || refcnt().is_some_and(|r| r < held).then_some(()),
     );
+    unload();
+
+    // The same agent started again, in the same boot and with the same
+    // state directory (its kernel probes kept there): it loads the module
+    // again and names the module's new BTF, not the one it kept.
+    n.agent.restart().unwrap();
+    let again = loaded_and_said(n);
+    assert_ne!(again, id, "a module loaded again has a BTF of another id");
+    let log = n.agent.log();
+    assert!(
+        log.contains(&format!("BTF id {again}")),
+        "the start's log names the kfuncs' BTF: {log}"
+    );
+    drop(c);
+}
+
+/// Unloads conntrack's module (and ctnetlink, which holds it), failing
+/// the test where the kernel refuses: something else holds it.
+fn unload() {
+    let _ = rmmod(&["nf_conntrack_netlink"]);
+    if Path::new(MODULE).exists() {
+        let (ok, why) = rmmod(&["nf_conntrack"]);
+        assert!(ok, "nf_conntrack could not be unloaded: {why}");
+    }
+    assert!(!Path::new(MODULE).exists(), "nf_conntrack is unloaded");
+}
+
+/// Waits for `n`'s dataplane, then checks that the module is loaded and
+/// that `weft status` and `weft doctor` name its BTF by the kernel's id;
+/// returns that id.
+fn loaded_and_said(n: &WeftNode) -> u32 {
+    n.wait_dataplane_up(weft_tests::scaled(Duration::from_secs(30)));
+    assert!(Path::new(MODULE).exists(), "the agent loaded the module");
+    let (available, detail) = conntrack_detail(n);
+    let id = btf_id("nf_conntrack").expect("the module's BTF is listed");
+    let named = format!("the nf_conntrack module's BTF (BTF id {id})");
+    assert!(available && detail.contains(&named), "{detail}");
+    let status = n.weft(&["status"]).unwrap();
+    assert!(status.contains(&named), "{status}");
+    let state = n.agent.state_dir();
+    let (_, doctor, _) = weft_tests::agent::weft(&[
+        "doctor",
+        "--probe-timeout",
+        "0.1",
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    assert!(
+        doctor
+            .lines()
+            .any(|l| l.starts_with("ok") && l.contains("conntrack_kfuncs") && l.contains(&named)),
+        "{doctor}"
+    );
+    id
 }

@@ -158,10 +158,17 @@ fn kernel_features(args: &AgentArgs) -> Result<crate::dataplane::KernelFeatures>
         );
     }
     k.turn_off(&args.kernel_feature_off)?;
+    let conntrack = k
+        .features
+        .iter()
+        .find(|f| f.name == crate::dataplane::kernel_features::CONNTRACK && f.available)
+        .map(|f| f.detail.as_str())
+        .unwrap_or("unavailable");
     tracing::info!(target: "weft::agent",
         kernel = %k.release,
         probed = !k.cached,
         available = %k.features.iter().filter(|f| f.available).map(|f| f.name.as_str()).collect::<Vec<_>>().join(","),
+        conntrack_kfuncs = conntrack,
         "kernel features"
     );
     for d in k.degraded() {

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use self::probe::Verdict;
 use crate::dataplane::programs::btf::Btf;
-use crate::dataplane::programs::kfuncs::KernelBtf;
+use crate::dataplane::programs::kfuncs::{KernelBtf, KfuncSource, MODULE as KFUNC_MODULE};
 use crate::sys::{bpf::ProgType, fs::kernel_release};
 
 const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
@@ -148,6 +148,12 @@ pub(crate) struct KernelFeatures {
     /// How many bytes of `bpf_ct_opts` conntrack's lookup takes here (12
     /// where it takes both; None without the kfuncs).
     pub(crate) ct_opts_size: Option<u32>,
+    /// The kernel's id of the `nf_conntrack` module's BTF the kfuncs were
+    /// found in (None: vmlinux's, or no kfuncs). A module unloaded and
+    /// loaded again within the boot has another: the kept results are
+    /// then probed again rather than reported with the old one.
+    #[serde(default)]
+    pub(crate) ct_module_btf_id: Option<u32>,
     /// Read from the state directory, not probed by this process.
     #[serde(skip)]
     pub(crate) cached: bool,
@@ -165,6 +171,7 @@ impl KernelFeatures {
             && k.release == release
             && k.boot_id == boot_id
             && k.object == object
+            && k.module_unchanged()
         {
             return Self { cached: true, ..k };
         }
@@ -177,6 +184,18 @@ impl KernelFeatures {
         k
     }
 
+    /// Whether the module BTF the kept results name is still the
+    /// kernel's (always, where they name none).
+    fn module_unchanged(&self) -> bool {
+        match self.ct_module_btf_id {
+            None => true,
+            Some(id) => crate::sys::bpf::kernel_btf(KFUNC_MODULE)
+                .ok()
+                .flatten()
+                .is_some_and(|o| o.id == id),
+        }
+    }
+
     fn run_probes(release: String, boot_id: String, object: String) -> Self {
         let mut k = Self {
             release,
@@ -184,6 +203,7 @@ impl KernelFeatures {
             object,
             features: Vec::new(),
             ct_opts_size: None,
+            ct_module_btf_id: None,
             cached: false,
         };
         let raw = match std::fs::read(VMLINUX) {
@@ -342,6 +362,10 @@ impl KernelFeatures {
                     match probe::conntrack(&k, n) {
                         Verdict::Accepted => {
                             self.ct_opts_size = Some(n);
+                            self.ct_module_btf_id = match &btf.source {
+                                KfuncSource::Module { btf_id, .. } => Some(*btf_id),
+                                KfuncSource::Vmlinux => None,
+                            };
                             return Ok(format!(
                                 "in {}; lookups take {n} bytes of options",
                                 btf.source
@@ -398,6 +422,7 @@ impl KernelFeatures {
             self.set(spec.name, Err("turned off (--kernel-feature-off)".into()));
             if spec.name == names::CONNTRACK {
                 self.ct_opts_size = None;
+                self.ct_module_btf_id = None;
             }
             if spec.name == names::XDP {
                 self.set(
@@ -555,6 +580,15 @@ mod tests {
         other.boot_id = "another boot".into();
         other.features[0].detail = "stale".into();
         write_cache(&dir.join(CACHE_FILE), &other).unwrap();
+        let fresh = KernelFeatures::probe(Some(&dir), true);
+        assert!(!fresh.cached);
+        assert_ne!(fresh.features[0].detail, "stale");
+        // Results naming a module BTF the kernel no longer holds (the
+        // module unloaded, or loaded again under another id) are not used.
+        let mut gone = fresh.clone();
+        gone.ct_module_btf_id = Some(u32::MAX);
+        gone.features[0].detail = "stale".into();
+        write_cache(&dir.join(CACHE_FILE), &gone).unwrap();
         let fresh = KernelFeatures::probe(Some(&dir), true);
         assert!(!fresh.cached);
         assert_ne!(fresh.features[0].detail, "stale");
