@@ -49,7 +49,7 @@ use super::{
     error::{CniError, Code},
     proxy,
 };
-use crate::dataplane::{Hook, PinDir, netkit as nk};
+use crate::dataplane::{Hook, PinDir, kernel_features::NETKIT, netkit as nk};
 use dataplane_common::program_names;
 
 /// The host side's name for the attachment `owner`: `nk` and 12 hex
@@ -115,6 +115,8 @@ pub(crate) fn add(
         .as_fd()
         .try_clone_to_owned()
         .map_err(|e| plugin_err("duplicating the program's descriptor", e))?;
+
+    refuse_without_netkit(state_dir)?;
 
     let result = delegate::exec(ipam, "ADD", env, None)?;
     let name = primary_name(owner);
@@ -346,6 +348,26 @@ async fn create(
         .map_err(nl_err(format!("looking up {name}")))?
         .ok_or_else(|| CniError::new(Code::Plugin, format!("{name} vanished once created")))?;
     Ok(link.header.index)
+}
+
+/// Refuses a netkit pod, before any address is taken, where the agent
+/// found (or was told, `--kernel-feature-off`) that this node has no
+/// netkit. Without the agent's report the kernel is asked by creating
+/// the pair, and its refusal is said then.
+fn refuse_without_netkit(state_dir: &Path) -> Result<(), CniError> {
+    let Some(kernel) = crate::report::read(state_dir).and_then(|r| r.kernel) else {
+        return Ok(());
+    };
+    match kernel.features.iter().find(|f| f.name == NETKIT) {
+        Some(f) if !f.available => Err(CniError::new(
+            Code::InvalidConfig,
+            format!(
+                "no netkit on this node (the agent's kernel features: netkit unavailable: {}): pods here attach with veth, so use \"podDevice\": \"veth\"",
+                f.detail
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The link named `name`, if it exists.
