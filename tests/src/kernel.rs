@@ -2,6 +2,37 @@
 //! a way of its own (a valid program that uses the feature, a device of
 //! the kind), so that a test compares the agent's probes with the kernel,
 //! not with themselves.
+//!
+//! Where the kernel is known (the VM runner's Debian kernels), the runner
+//! says what each check must find (`WEFT_TEST_KERNEL_EXPECT`,
+//! `name=value` by commas), and a check that finds otherwise fails the
+//! test: a kernel that lost a feature must not turn a test of that feature
+//! into a test of its absence.
+
+/// What the runner says check `name` must find here, if it says.
+pub fn expected(name: &str) -> Option<String> {
+    std::env::var("WEFT_TEST_KERNEL_EXPECT")
+        .ok()?
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| k.trim() == name)
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// `found` (in the words of [`expected`]), checked against what the
+/// runner expects of this kernel.
+pub fn expect(name: &str, found: &str) {
+    if let Some(want) = expected(name) {
+        assert_eq!(
+            found, want,
+            "this kernel was expected to have {name}={want} (WEFT_TEST_KERNEL_EXPECT), the tests' own check found {found}"
+        );
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
 
 /// Whether an XDP program may call `bpf_xdp_adjust_meta`: a four-
 /// instruction program that calls it as decapsulation does (`r1` the
@@ -17,7 +48,9 @@ pub fn xdp_adjust_meta() -> bool {
             [0xb7, 0x00, 0, 0, 2, 0, 0, 0],
             [0x95, 0, 0, 0, 0, 0, 0, 0],
         ];
-        load(6, &insns)
+        let has = load(6, &insns);
+        expect("xdp_adjust_meta", yes_no(has));
+        has
     })
 }
 
@@ -25,12 +58,14 @@ pub fn xdp_adjust_meta() -> bool {
 /// never a module): its transmit function among the kernel's symbols.
 /// (Debian bookworm's `ip` predates netkit, so it cannot make one.)
 pub fn netkit_devices() -> bool {
-    std::fs::read_to_string("/proc/kallsyms")
+    let has = std::fs::read_to_string("/proc/kallsyms")
         .map(|s| {
             s.lines()
                 .any(|l| l.split_whitespace().nth(2) == Some("netkit_xmit"))
         })
-        .unwrap_or(false)
+        .unwrap_or(false);
+    expect("netkit", yes_no(has));
+    has
 }
 
 /// Loads a GPL program of type `ty` (`enum bpf_prog_type`); whether the

@@ -93,16 +93,22 @@ pub fn conntrack_kfuncs() -> bool {
             .arg("nf_conntrack")
             .output();
         let syms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-        match syms
+        let found = match syms
             .lines()
             .find(|l| l.split_whitespace().nth(2) == Some("bpf_skb_ct_lookup"))
         {
-            None => false,
+            None => "no",
             Some(l) if l.contains("[nf_conntrack]") => {
-                std::path::Path::new("/sys/kernel/btf/nf_conntrack").exists()
+                if std::path::Path::new("/sys/kernel/btf/nf_conntrack").exists() {
+                    "module"
+                } else {
+                    "module-without-btf"
+                }
             }
-            Some(_) => true,
-        }
+            Some(_) => "built-in",
+        };
+        kernel::expect("conntrack_kfuncs", found);
+        matches!(found, "module" | "built-in")
     })
 }
 

@@ -82,13 +82,6 @@ impl Options {
     }
 }
 
-impl Options {
-    fn with_env(mut self, k: &str, v: &str) -> Self {
-        self.env.push((k.to_string(), v.to_string()));
-        self
-    }
-}
-
 /// What a VM run found.
 #[derive(Debug, Default)]
 pub(crate) struct Report {
@@ -312,6 +305,10 @@ fn guest_script(
         "export WEFT_BIN={} WEFT_TEST_TIME_SCALE={scale}\n",
         sh(&weft.display().to_string())
     ));
+    s.push_str(&format!(
+        "export WEFT_TEST_KERNEL_EXPECT={}\n",
+        sh(kernels::series(&opts.kernel)?.expect)
+    ));
     for (k, v) in &opts.env {
         s.push_str(&format!("export {k}={}\n", sh(v)));
     }
@@ -435,18 +432,32 @@ pub(crate) fn matrix() -> Vec<Options> {
                 // check, its share of a flow, XDP's frame mark.
                 "host_routing:spoofed_sources_never_leave_the_node_under_auto,\
                  the_fast_path_carries_at_least_99_percent_of_a_flow,\
-                 host_routing_after_xdp_decapsulation",
+                 host_routing_after_xdp_decapsulation,\
+                 endpoints_follow_pods",
                 // The kernel features as probed: this kernel lets XDP mark
                 // its frames (the host's refuses bpf_xdp_adjust_meta), has
-                // netkit, and conntrack as a module.
-                "kernel_features:the_agent_reports_what_this_kernel_refuses_and_says_it_once",
+                // netkit, and conntrack as a module; the mark and netkit
+                // turned off where the kernel has them.
+                "kernel_features:the_agent_reports_what_this_kernel_refuses_and_says_it_once,\
+                 without_the_xdp_mark_frames_xdp_decapsulates_take_the_host_stack,\
+                 without_netkit_the_node_carries_interoperates_and_drops_as_before",
             ],
         )
         .part("host-routing"),
+        // The programs that call the module's kfuncs: their golden frames,
+        // an upgrade refused, swapped and rolled back under traffic, and
+        // pods' forged sources refused.
+        Options::new(
+            "6.12",
+            &[
+                "selftest:every_program_passes_its_golden_frames",
+                "program_upgrade:a_faulty_upgrade_is_refused_a_good_one_swapped_and_rolled_back_without_loss",
+                "pod_sources:a_pod_cannot_send_as_a_remote_pod_or_node",
+            ],
+        )
+        .part("programs"),
         // netkit pods: the host's kernel has none.
-        Options::new("6.12", &["netkit"])
-            .part("netkit")
-            .with_env("WEFT_TEST_NETKIT", "1"),
+        Options::new("6.12", &["netkit"]).part("netkit"),
         Options::new("6.1", &["kernel_support"]),
     ]
 }
