@@ -159,10 +159,7 @@ fn kernel_features(args: &AgentArgs) -> Result<crate::dataplane::KernelFeatures>
     }
     k.turn_off(&args.kernel_feature_off)?;
     let conntrack = k
-        .features
-        .iter()
-        .find(|f| f.name == crate::dataplane::kernel_features::CONNTRACK && f.available)
-        .map(|f| f.detail.as_str())
+        .found(crate::dataplane::kernel_features::CONNTRACK)
         .unwrap_or("unavailable");
     tracing::info!(target: "weft::agent",
         kernel = %k.release,

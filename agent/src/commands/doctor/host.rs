@@ -38,12 +38,8 @@ pub(super) fn kernel(f: &mut Findings, state_dir: &Path) {
     }
     // Where the fast path's kfuncs come from: vmlinux, or the module and
     // its BTF id.
-    if let Some(ct) = k
-        .features
-        .iter()
-        .find(|f| f.name == kernel_features::CONNTRACK && f.available)
-    {
-        f.ok("kernel", format!("{}: {}", ct.name, ct.detail));
+    if let Some(ct) = k.found(kernel_features::CONNTRACK) {
+        f.ok("kernel", format!("{}: {ct}", kernel_features::CONNTRACK));
     }
     for d in k.degraded() {
         f.warn("kernel", d.to_string(), fix(d.feature));

@@ -406,6 +406,15 @@ impl KernelFeatures {
         self.features.iter().any(|f| f.name == name && f.available)
     }
 
+    /// What the probes found of feature `name`, where the kernel has it
+    /// (for the conntrack kfuncs: where they are, and the options' size).
+    pub(crate) fn found(&self, name: &str) -> Option<&str> {
+        self.features
+            .iter()
+            .find(|f| f.name == name && f.available)
+            .map(|f| f.detail.as_str())
+    }
+
     /// Turns off optional features as if the kernel lacked them (a test's
     /// switch, `--kernel-feature-off`). A required one cannot be.
     pub(crate) fn turn_off(&mut self, names: &[String]) -> anyhow::Result<()> {
