@@ -28,10 +28,14 @@ const T: Duration = Duration::from_secs(30);
 
 /// The kernel features `n`'s status report gives: name -> available.
 fn reported(n: &WeftNode) -> BTreeMap<String, bool> {
-    let r = n.status_json().expect("a status report");
-    r["kernel"]["features"]
+    features(&n.status_json().expect("a status report")["kernel"])
+}
+
+/// A report's kernel section as name -> available.
+fn features(kernel: &serde_json::Value) -> BTreeMap<String, bool> {
+    kernel["features"]
         .as_array()
-        .expect("a kernel section in the status report")
+        .unwrap_or_else(|| panic!("no kernel features in {kernel}"))
         .iter()
         .map(|f| {
             (
@@ -51,11 +55,19 @@ fn wait_up(c: &WeftCluster) {
 
 #[test]
 fn the_agent_reports_what_this_kernel_refuses_and_says_it_once() {
-    let c = WeftCluster::new(1, &[]).unwrap();
+    let mut c = WeftCluster::new(1, &[]).unwrap();
     wait_up(&c);
     let n = &c.nodes[0];
     let got = reported(n);
     println!("reported: {got:?}");
+    // `weft status --json` carries the same section.
+    let json: serde_json::Value =
+        serde_json::from_str(&n.weft(&["status", "--json"]).unwrap()).unwrap();
+    assert_eq!(
+        features(&json["agent"]["kernel"]),
+        got,
+        "weft status --json"
+    );
     let want: BTreeMap<String, bool> = [
         ("btf", true),
         ("tcx", true),
@@ -116,6 +128,17 @@ fn the_agent_reports_what_this_kernel_refuses_and_says_it_once() {
             .any(|l| l.starts_with("warn") && l.contains(&format!("kernel     {f}:")));
         assert_eq!(warned, !available, "{f}: {doctor}");
     }
+
+    // A restart in the same boot takes the kept results instead of
+    // probing again, and reports the same.
+    assert!(log.contains("probed=true"), "{log}");
+    let n = &mut c.nodes[0];
+    n.agent.restart().unwrap();
+    n.wait_dataplane_up(weft_tests::scaled(T));
+    n.agent
+        .wait_log("probed=false", weft_tests::scaled(T))
+        .unwrap_or_else(|e| panic!("{e:#}: {}", n.agent.log()));
+    assert_eq!(reported(n), want, "after the restart");
 }
 
 /// What each node counted of a transfer, as differences.
