@@ -436,23 +436,21 @@ pub(crate) fn matrix() -> Vec<Options> {
                  endpoints_follow_pods",
                 // The kernel features as probed: this kernel lets XDP mark
                 // its frames (the host's refuses bpf_xdp_adjust_meta), has
-                // netkit, and conntrack as a module; the mark and netkit
-                // turned off where the kernel has them.
+                // netkit, and conntrack as a module; the mark turned off
+                // where the kernel has it (netkit turned off: the
+                // programs VM).
                 "kernel_features:the_agent_reports_what_this_kernel_refuses_and_says_it_once,\
-                 without_the_xdp_mark_frames_xdp_decapsulates_take_the_host_stack,\
-                 without_netkit_the_node_carries_interoperates_and_drops_as_before",
+                 without_the_xdp_mark_frames_xdp_decapsulates_take_the_host_stack",
             ],
         )
         .part("host-routing"),
         // The programs that call the module's kfuncs: their golden frames,
-        // an upgrade refused, swapped and rolled back under traffic, and
-        // pods' forged sources refused.
+        // and an upgrade refused, swapped and rolled back under traffic.
         Options::new(
             "6.12",
             &[
                 "selftest:every_program_passes_its_golden_frames",
                 "program_upgrade:a_faulty_upgrade_is_refused_a_good_one_swapped_and_rolled_back_without_loss",
-                "pod_sources:a_pod_cannot_send_as_a_remote_pod_or_node",
                 // netkit turned off on a kernel that has it: here, not
                 // beside the netkit VM's cluster, whose fast-path share
                 // two clusters at once on two emulated CPUs starve.
