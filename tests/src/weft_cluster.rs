@@ -389,6 +389,21 @@ impl WeftNode {
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
+    /// `weft doctor`'s findings (stdout) on the kernel and what the agent
+    /// keeps in its state directory, run from the host's namespace with
+    /// the shortest peer probes (the kernel's lines do not need them).
+    pub fn doctor_from_host(&self) -> String {
+        let state = self.agent.state_dir();
+        crate::agent::weft(&[
+            "doctor",
+            "--probe-timeout",
+            "0.1",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ])
+        .1
+    }
+
     /// Runs `weft ARGS` inside this node's namespace, pointed at this node's
     /// pins, subnet file and the cluster's etcd where the command takes them.
     pub fn weft(&self, args: &[&str]) -> Result<String> {

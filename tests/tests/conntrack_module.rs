@@ -154,14 +154,7 @@ fn loaded_and_said(n: &WeftNode) -> u32 {
     assert!(available && detail.contains(&named), "{detail}");
     let status = n.weft(&["status"]).unwrap();
     assert!(status.contains(&named), "{status}");
-    let state = n.agent.state_dir();
-    let (_, doctor, _) = weft_tests::agent::weft(&[
-        "doctor",
-        "--probe-timeout",
-        "0.1",
-        "--state-dir",
-        state.to_str().unwrap(),
-    ]);
+    let doctor = n.doctor_from_host();
     assert!(
         doctor
             .lines()

@@ -114,14 +114,7 @@ fn the_agent_reports_what_this_kernel_refuses_and_says_it_once() {
         assert_eq!(warned, usize::from(!available), "{f}: {log}");
     }
     // `weft doctor` says the same.
-    let state = n.agent.state_dir();
-    let (_, doctor, _) = weft_tests::agent::weft(&[
-        "doctor",
-        "--probe-timeout",
-        "0.1",
-        "--state-dir",
-        state.to_str().unwrap(),
-    ]);
+    let doctor = n.doctor_from_host();
     for (f, available) in &want {
         let warned = doctor
             .lines()
