@@ -213,7 +213,9 @@ fn run() -> Result<()> {
             // The kernel's tests in the matrix, all in one VM.
             let mut opts = vm::Options::new(&kernel, &[]);
             for o in vm::matrix().into_iter().filter(|o| o.kernel == kernel) {
-                opts.tests.extend(o.tests);
+                for t in o.tests {
+                    merge_test(&mut opts.tests, &t);
+                }
                 opts.env.extend(o.env);
             }
             if !tests.is_empty() {
@@ -271,4 +273,34 @@ fn workspace_root() -> PathBuf {
         .parent()
         .expect("xtask/ is in the workspace root")
         .to_path_buf()
+}
+
+/// Adds `FILE[:TEST,...]` to `tests`, where the matrix names one file in
+/// two of its VMs: one run of the file, with both lists of tests (or the
+/// whole file, where either names no tests), so that one VM runs each
+/// file once.
+fn merge_test(tests: &mut Vec<String>, t: &str) {
+    let (file, names) = t.split_once(':').map_or((t, None), |(f, n)| (f, Some(n)));
+    let Some(i) = tests.iter().position(|x| x.split(':').next() == Some(file)) else {
+        tests.push(t.to_string());
+        return;
+    };
+    tests[i] = match (tests[i].split_once(':'), names) {
+        (Some((_, old)), Some(new)) => format!("{file}:{old},{new}"),
+        _ => file.to_string(),
+    };
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use super::merge_test;
+
+    #[test]
+    fn a_file_named_twice_runs_once_with_both_lists() {
+        let mut t = vec![];
+        for x in ["a:x,y", "b", "a:z", "b:w", "c:v"] {
+            merge_test(&mut t, x);
+        }
+        assert_eq!(t, ["a:x,y,z", "b", "c:v"]);
+    }
 }
