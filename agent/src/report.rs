@@ -23,8 +23,18 @@ pub(crate) struct Report {
     pub(crate) old_subnet: Option<OldSubnet>,
     /// Peers not (fully) programmed.
     pub(crate) problems: Vec<PeerProblem>,
-    /// Leases this node does not program.
+    /// Leases this node does not program (the first
+    /// [`Report::REJECTED_SHOWN`] by key).
     pub(crate) rejected: Vec<RejectedLease>,
+    /// How many leases are rejected in all.
+    #[serde(default)]
+    pub(crate) rejected_total: usize,
+    /// Keys under the subnets prefix that held no lease in the watch's last
+    /// list: how many, and the first few with why.
+    #[serde(default)]
+    pub(crate) skipped_keys: u64,
+    #[serde(default)]
+    pub(crate) skipped_examples: Vec<(String, String)>,
     /// `--host-routing`.
     pub(crate) host_routing: String,
     /// Local pods host routing reaches directly.
@@ -193,6 +203,11 @@ pub(crate) struct RejectedLease {
 pub(crate) struct Reporter {
     path: PathBuf,
     last: Option<Report>,
+}
+
+impl Report {
+    /// How many rejected leases the report names.
+    pub(crate) const REJECTED_SHOWN: usize = 100;
 }
 
 impl Reporter {

@@ -327,7 +327,7 @@ impl Store for MemStore {
         let outcome = TxnOutcome {
             succeeded: ok,
             revision: w.rev,
-            listing,
+            listing: listing.map(Into::into),
         };
         if fault == Some(Fault::Txn(true)) {
             return Err(StoreError::Unavailable("timeout (applied)".into()));

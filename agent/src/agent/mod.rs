@@ -27,10 +27,9 @@ pub(crate) use self::start::run;
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result};
-use tokio::{
-    signal::unix::{SignalKind, signal},
-    sync::mpsc,
-};
+use std::sync::atomic::AtomicUsize;
+
+use tokio::signal::unix::{SignalKind, signal};
 
 use self::plan::{Host, NodePlan};
 use crate::{
@@ -39,18 +38,24 @@ use crate::{
     dataplane::{Dataplane, HostRouting, PeerUpdate, ProblemKind, Verified},
     health,
     lease::{
-        self, EnvFamily, EtcdStore, HeldLease, LeaseHolder, LeaseView, NetworkConfig, SubnetEnv,
-        Subnets, WatchEvent,
+        self, Batch, EnvFamily, EtcdStore, HeldLease, Inbox, LeaseHolder, LeaseView, NetworkConfig,
+        SubnetEnv, Subnets,
     },
     metrics::Metrics,
     pods,
     report::{self, Report, Reporter},
 };
 
-/// Lease events applied as one batch at most.
-const BATCH_MAX: usize = 16_384;
-/// A batch this large is a burst: wait briefly for the rest of it.
+/// Changes that arrive within this long of the first are applied as one
+/// batch (each key's last change): a trickle costs one decision per
+/// window, not one per change.
+const BATCH_WINDOW: Duration = Duration::from_millis(50);
+/// A batch this large was a burst: what decoding it took is given back.
 const BATCH_BURST: usize = 64;
+
+/// The leases known are kept for a restart every this many 1 s ticks
+/// (when they changed), and at a stop.
+const KEEP_TICKS: u64 = 30;
 
 /// The dataplane is checked (and repaired) every this many 1 s ticks, and
 /// whenever rtnetlink reports a change.
@@ -65,10 +70,6 @@ const TLS_CHECK_TICKS: u64 = 5;
 /// reachable).
 const REPORTED_PEERS: usize = 1000;
 
-/// Not ready while the lease watch has not known itself current for this
-/// long: lease changes may be going unseen (the dataplane keeps forwarding).
-const WATCH_STALE: Duration = Duration::from_secs(15);
-
 /// What the event loop drives.
 struct Agent {
     holder: LeaseHolder<EtcdStore>,
@@ -81,6 +82,22 @@ struct Agent {
     verify: verify::Verify,
     health: peer_health::PeerHealth,
     reporting: reporting::Reporting,
+    /// What the lease watch heard and the loop has not applied.
+    inbox: Arc<Inbox>,
+    /// The leases known (for the window etcd retries spread over).
+    nodes: Arc<AtomicUsize>,
+    /// The leases kept for a restart.
+    kept: Kept,
+}
+
+/// Where the leases known are kept for a restart, and what was kept last.
+struct Kept {
+    path: PathBuf,
+    prefix: String,
+    /// The revision last written (0: none).
+    revision: i64,
+    /// Why the last write failed (said once).
+    failing: Option<String>,
 }
 
 /// Connects to etcd again when the TLS files' contents changed (rotated
@@ -109,21 +126,15 @@ impl Agent {
     /// here ever waits for it.
     async fn run(
         &mut self,
-        mut watch_rx: mpsc::Receiver<WatchEvent>,
         mut listener: cni::Listener,
         store: &EtcdStore,
         changed: Arc<tokio::sync::Notify>,
     ) -> Result<()> {
         let mut acquiring: Option<tokio::task::JoinHandle<HeldLease>> = None;
         let r = self
-            .serve(
-                &mut acquiring,
-                &mut watch_rx,
-                &mut listener,
-                store,
-                &changed,
-            )
+            .serve(&mut acquiring, &mut listener, store, &changed)
             .await;
+        self.keep(true);
         if let Some(a) = acquiring {
             a.abort();
         }
@@ -133,7 +144,6 @@ impl Agent {
     async fn serve(
         &mut self,
         acquiring: &mut Option<tokio::task::JoinHandle<HeldLease>>,
-        watch_rx: &mut mpsc::Receiver<WatchEvent>,
         listener: &mut cni::Listener,
         store: &EtcdStore,
         changed: &tokio::sync::Notify,
@@ -171,6 +181,9 @@ impl Agent {
                         reload_tls(store, &self.metrics).await;
                         self.wireguard_metrics();
                     }
+                    if ticks.is_multiple_of(KEEP_TICKS) {
+                        self.keep(false);
+                    }
                     self.report();
                 }
                 () = changed.notified(), if heal_at.is_none() => {
@@ -197,31 +210,13 @@ impl Agent {
                     let _ = done.send(());
                     self.report();
                 }
-                ev = watch_rx.recv() => {
-                    let Some(ev) = ev else { return Ok(()) };
-                    // Take whatever else is already queued and apply it as
-                    // one batch (thousands of leases arrive together at start).
-                    let mut batch = vec![ev];
-                    loop {
-                        let before = batch.len();
-                        while batch.len() < BATCH_MAX {
-                            match watch_rx.try_recv() {
-                                Ok(ev) => batch.push(ev),
-                                Err(_) => break,
-                            }
-                        }
-                        // Many at once (thousands of leases written together):
-                        // each decision looks at every lease, so gather the
-                        // rest of the burst first, until a pause brings
-                        // nothing more. A single change goes through at once.
-                        let more = batch.len() > before;
-                        if batch.len() < BATCH_BURST || batch.len() >= BATCH_MAX || !more {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    let large = batch.len() >= BATCH_BURST;
-                    if let Some(lost) = self.on_lease_events(batch).await?
+                () = self.inbox.wait() => {
+                    // Let the rest of a trickle or a burst arrive, then
+                    // take each key's last change at once.
+                    tokio::time::sleep(BATCH_WINDOW).await;
+                    let batch = self.inbox.take();
+                    let large = batch.changes.len() >= BATCH_BURST || batch.snapshot.is_some();
+                    if let Some(lost) = self.on_batch(batch).await?
                         && acquiring.is_none()
                     {
                         *acquiring = Some(self.relocate(&lost.why, lost.to.as_deref()));
@@ -265,10 +260,17 @@ impl Agent {
         }
     }
 
-    /// Applies a batch of lease events; returns our loss, if the batch
-    /// says our lease is gone.
-    async fn on_lease_events(&mut self, batch: Vec<WatchEvent>) -> Result<Option<lease::Lost>> {
-        let out = self.view.apply(batch);
+    /// Applies a batch from the lease watch; returns our loss, if the
+    /// batch says our lease is gone.
+    async fn on_batch(&mut self, batch: Batch) -> Result<Option<lease::Lost>> {
+        if batch.is_empty() {
+            return Ok(None);
+        }
+        let out = self.view.apply(batch.snapshot, batch.changes);
+        self.nodes.store(
+            self.view.lease_count(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         // A batch that fails part-way (netlink not answering) stops nothing:
         // the map entries are in, and the periodic check puts in the routes
         // that are missing.
@@ -311,7 +313,11 @@ impl Agent {
     }
 
     /// Ready: the lease is held, the peer set has been complete once, no
-    /// local pod is left on an old subnet, and the lease watch is current.
+    /// local pod is left on an old subnet, and the lease watch is current
+    /// (its stream open: a dead etcd ends it within seconds, through the
+    /// connection's keep-alives, and a silent one within minutes, through
+    /// its progress request; lease changes may be going unseen meanwhile,
+    /// while the dataplane keeps forwarding).
     fn ready(&mut self) -> bool {
         self.holder.conflict().is_none()
             && self.metrics.lease_held()
@@ -319,7 +325,41 @@ impl Agent {
             && self.held.old.is_none()
             && !self.subnet_env.pending
             && self.dataplane.verified()
-            && self.metrics.watch_lag().is_some_and(|l| l < WATCH_STALE)
+            && self.metrics.watch_open()
+    }
+
+    /// Writes the leases known for a restart, where they moved since the
+    /// last write (`stopping`: whatever was written before). A failure
+    /// (a full disk) is said once and costs only the next start a list.
+    fn keep(&mut self, stopping: bool) {
+        let Some(revision) = self.inbox.settled_revision() else {
+            return;
+        };
+        if revision <= 0 || (revision == self.kept.revision && !stopping) {
+            return;
+        }
+        let (cluster, leases) = self.view.known();
+        let r = lease::resume::save(
+            &self.kept.path,
+            &self.kept.prefix,
+            cluster,
+            revision,
+            self.holder.held(),
+            leases,
+        );
+        match r {
+            Ok(()) => {
+                self.kept.revision = revision;
+                self.kept.failing = None;
+            }
+            Err(e) => {
+                let why = e.to_string();
+                if self.kept.failing.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(file = %self.kept.path.display(), error = %why, "cannot keep the leases for the next start (it will list them)");
+                }
+                self.kept.failing = Some(why);
+            }
+        }
     }
 
     async fn apply(&mut self, updates: &[PeerUpdate]) -> Result<()> {

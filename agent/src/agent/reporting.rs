@@ -8,7 +8,16 @@ pub(super) struct Reporting {
     pub(super) reporter: Reporter,
     /// The kernel's features, as probed at start (None: no dataplane).
     pub(super) kernel: Option<report::Kernel>,
+    /// When the status report was last built (the loop's 1 s tick builds
+    /// it again).
+    pub(super) built: Option<std::time::Instant>,
 }
+
+/// The status report is built at most this often (its peers' health and
+/// rejected leases cost a walk of thousands): a burst of lease changes
+/// makes one report, not one per batch. Readiness and the metrics are
+/// kept at once.
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Agent {
     /// The wireguard backend's peers, read from the kernel, to the
@@ -49,6 +58,22 @@ impl Agent {
     }
 
     /// Metrics and the status report, from the current state.
+    /// The first rejected leases by key (a few thousand junk keys must not
+    /// make every report that large).
+    fn rejected_shown(&self) -> Vec<report::RejectedLease> {
+        let mut shown: Vec<(&str, &crate::lease::Rejection)> = self.view.rejected().collect();
+        shown.sort_unstable_by_key(|(k, _)| *k);
+        shown
+            .into_iter()
+            .take(report::Report::REJECTED_SHOWN)
+            .map(|(key, why)| report::RejectedLease {
+                key: key.to_string(),
+                reason: why.name().to_string(),
+                detail: why.to_string(),
+            })
+            .collect()
+    }
+
     pub(super) fn report(&mut self) {
         let problems = self.dataplane.problems();
         let mut counts: BTreeMap<&'static str, u64> =
@@ -90,6 +115,16 @@ impl Agent {
                 p.rolled_back,
                 p.verified,
             );
+        }
+        if ready != was
+            || self
+                .reporting
+                .built
+                .is_none_or(|t| t.elapsed() >= REPORT_EVERY)
+        {
+            self.reporting.built = Some(std::time::Instant::now());
+        } else {
+            return;
         }
         self.reporting.reporter.write(Report {
             peer_health: self
@@ -168,15 +203,10 @@ impl Agent {
                 .map(|c| report::IpConflict { node: c.node }),
             pid: Some(std::process::id()),
             kernel: self.reporting.kernel.clone(),
-            rejected: self
-                .view
-                .rejected()
-                .map(|(key, why)| report::RejectedLease {
-                    key: key.clone(),
-                    reason: why.name().to_string(),
-                    detail: why.to_string(),
-                })
-                .collect(),
+            rejected: self.rejected_shown(),
+            rejected_total: self.view.rejected_count(),
+            skipped_keys: self.view.skipped().total(),
+            skipped_examples: self.view.skipped().examples.clone(),
         });
     }
 }

@@ -49,12 +49,15 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     }
 
     let store = EtcdStore::connect_retrying(&opts, &metrics).await?;
-    // Members that lose their leader or stop answering leave the rotation.
+    // Members that lose their leader or stop answering leave the rotation
+    // (looked at when the watch breaks).
     let moved = Arc::new(tokio::sync::Notify::new());
+    let trouble = Arc::new(tokio::sync::Notify::new());
     let members = tokio::spawn(lease::watch_members(
         store.clone(),
         metrics.clone(),
         moved.clone(),
+        trouble.clone(),
     ));
     let config =
         lease::wait_for_config(&store, &prefix, plan::retry_interval(&args), &metrics).await;
@@ -99,7 +102,29 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
         reporting: reporting::Reporting {
             reporter: Reporter::new(&args.state.state_dir),
             kernel: kernel.as_ref().map(report::Kernel::of),
+            built: None,
         },
+        inbox: Arc::new(lease::Inbox::default()),
+        nodes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        kept: Kept {
+            path: lease::resume::path(&args.state.state_dir),
+            prefix: format!("{prefix}/subnets/"),
+            revision: 0,
+            failing: None,
+        },
+    };
+    // What the last stop kept: the leases known (the watch resumes from
+    // them where etcd still holds their revision) and the key held.
+    let kept = match lease::resume::load(&agent.kept.path, &agent.kept.prefix) {
+        Ok(k) => k,
+        Err(why) => {
+            tracing::warn!(target: "weft::agent", reason = %why, "not resuming from the leases kept at the last stop");
+            None
+        }
+    };
+    let (kept_leases, kept_held) = match kept {
+        Some(k) => (Some(k.leases), k.held),
+        None => (None, None),
     };
     // rtnetlink reported a change: the loop checks the dataplane.
     let changed = Arc::new(tokio::sync::Notify::new());
@@ -125,19 +150,23 @@ pub(crate) async fn run(args: AgentArgs) -> Result<()> {
     if let Some(p) = preferred {
         tracing::info!(target: "weft::agent", subnet = %p, file = %args.subnet_file.display(), "the subnet file names a subnet; it is tried only if free");
     }
-    let held = agent.holder.acquire(preferred).await;
+    let held = agent.holder.start(preferred, kept_held).await;
     agent.took(&held).await?;
     agent.sync_endpoints().await;
 
-    let (watch_tx, watch_rx) = mpsc::channel(1024);
-    let watcher = tokio::spawn(lease::watch(
-        store.clone(),
-        format!("{prefix}/subnets/"),
-        watch_tx,
-        agent.metrics.clone(),
-        moved,
-    ));
-    let r = agent.run(watch_rx, listener, &store, changed).await;
+    let watcher = tokio::spawn(
+        lease::Watch {
+            store: store.clone(),
+            prefix: format!("{prefix}/subnets/"),
+            inbox: agent.inbox.clone(),
+            metrics: agent.metrics.clone(),
+            moved,
+            trouble,
+            nodes: agent.nodes.clone(),
+        }
+        .run(kept_leases),
+    );
+    let r = agent.run(listener, &store, changed).await;
     crate::sys::sd_notify::notify("STOPPING=1");
     watcher.abort();
     members.abort();

@@ -38,7 +38,7 @@ use super::{
     config::NetworkConfig,
     key::{Subnets, parse_key},
     pool::{self, Ipv4Pool, Ipv6Pool, Net, Pool},
-    store::{Compare, KeyValue, Listing, Op, Store, StoreError},
+    store::{Compare, KeyValue, Op, Page, Store, StoreError},
 };
 use crate::backoff::Backoff;
 
@@ -176,16 +176,69 @@ enum Plan {
     Conflict(AcquireError),
 }
 
-fn parse_listing(prefix: &str, listing: &Listing) -> Vec<Entry> {
+#[cfg(test)]
+fn parse_listing(prefix: &str, listing: &super::store::Listing) -> Vec<Entry> {
     listing
         .kvs
         .iter()
-        .map(|kv| Entry {
-            subnet: kv.key.strip_prefix(prefix).and_then(|s| parse_key(s).ok()),
-            attrs: LeaseAttrs::parse(&kv.value).ok(),
-            kv: kv.clone(),
-        })
+        .filter_map(|kv| entry(prefix, kv.clone(), None))
         .collect()
+}
+
+/// A key as the plan sees it: None for a key that names no subnet (the
+/// plan never looks at one). Of a value, only its parse is kept, and its
+/// bytes only where the key may be ours (it names `me`'s address; None:
+/// always), so a read of many large junk values costs their parse, not
+/// their size.
+fn entry(prefix: &str, mut kv: KeyValue, me: Option<&Identity>) -> Option<Entry> {
+    let subnet = kv
+        .key
+        .strip_prefix(prefix)
+        .and_then(|s| parse_key(s).ok())?;
+    let attrs = LeaseAttrs::parse(&kv.value).ok();
+    if let Some(me) = me
+        && attrs.as_ref().is_none_or(|a| a.node_addr() != me.addr())
+    {
+        kv.value = Vec::new();
+    }
+    Some(Entry {
+        subnet: Some(subnet),
+        attrs,
+        kv,
+    })
+}
+
+/// Reads the subnets prefix page by page (from `first`, a page a failed
+/// transaction returned, when given) into entries, each page parsed and
+/// dropped before the next is read.
+async fn read_entries<S: Store>(
+    store: &S,
+    req: &AcquireRequest<'_>,
+    first: Option<Page>,
+    stats: &mut AcquireStats,
+) -> Result<Vec<Entry>, StoreError> {
+    let prefix = req.subnets_prefix;
+    let mut page = match first {
+        Some(p) => p,
+        None => {
+            stats.requests += 1;
+            store.list_page(prefix, prefix.as_bytes(), 0).await?
+        }
+    };
+    let mut entries = Vec::new();
+    loop {
+        let revision = page.revision;
+        entries.extend(
+            page.kvs
+                .into_iter()
+                .filter_map(|kv| entry(prefix, kv, Some(req.me))),
+        );
+        if !page.more {
+            return Ok(entries);
+        }
+        stats.requests += 1;
+        page = store.list_page(prefix, &page.next, revision).await?;
+    }
 }
 
 /// Why a key is ours to rewrite.
@@ -497,11 +550,9 @@ async fn acquire_inner<S: Store>(
 ) -> Result<HeldLease, AcquireError> {
     let prefix = req.subnets_prefix;
     let value = req.value.to_json().into_bytes();
-    stats.requests += 1;
-    let mut listing = store.list(prefix).await?;
+    let mut entries = read_entries(store, req, None, stats).await?;
 
     for attempt in 0..MAX_ATTEMPTS {
-        let entries = parse_listing(prefix, &listing);
         let (plan, extras) = plan(req, &entries, *lease_id, rng);
         let (key, subnet, compare, attach, reservation, create_rev, from) = match plan {
             Plan::OutOfSubnets(e) | Plan::Conflict(e) => return Err(e),
@@ -578,7 +629,7 @@ async fn acquire_inner<S: Store>(
             }
             Ok(o) => {
                 stats.retries += 1;
-                listing = o.listing.unwrap_or_default();
+                entries = read_entries(store, req, o.listing, stats).await?;
                 tracing::debug!(%subnet, attempt, "lost the race for a subnet; choosing again");
                 store.pause(RACE_BACKOFF.jittered(attempt, rng)).await;
             }
@@ -588,8 +639,7 @@ async fn acquire_inner<S: Store>(
                 tracing::warn!(%subnet, error = %e, "lease write outcome unknown; re-reading");
                 stats.retries += 1;
                 store.pause(RACE_BACKOFF.jittered(attempt, rng)).await;
-                stats.requests += 1;
-                listing = store.list(prefix).await?;
+                entries = read_entries(store, req, None, stats).await?;
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The tests of `acquire`.
 
+use super::super::store::Listing;
 use super::*;
 use crate::mac::MacAddr;
 use ipnet::Ipv4Net;

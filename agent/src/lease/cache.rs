@@ -1,23 +1,21 @@
-//! Every lease in etcd, as one node knows it: the one copy, parsed from
-//! what the watch delivers, with duplicate and stale events (older etcd
-//! releases can repeat events after a reconnect) recognised by their
-//! revision and dropped, and a fresh listing diffed against what was known.
-//! A malformed value from another writer is skipped with a warning naming
-//! its key and counted; it never stops anything. The lease view owns it.
+//! Every lease in etcd, as one node knows it: the one copy, built from what
+//! the watch hands over (already parsed: [`Change`], [`Snapshot`]), with
+//! duplicate and stale changes recognised by their revision and dropped,
+//! and a fresh listing diffed against what was known. Keys that hold no
+//! lease are not kept at all: the watch counts them and says so. The lease
+//! view owns the cache.
 
 use std::{
     borrow::Borrow,
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     hash::{Hash, Hasher},
-    sync::Arc,
 };
 
 use super::{
     attrs::LeaseAttrs,
     key::{Subnets, parse_key},
-    store::{KeyValue, Listing, WatchEvent},
+    store::KeyValue,
 };
-use crate::metrics::Metrics;
 
 /// A lease as seen in etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,28 +74,122 @@ impl Borrow<str> for ByKey {
     }
 }
 
-/// What the node knows of the leases, and the diffing that turns etcd's
-/// changes into changes of leases.
-#[derive(Default)]
-pub(super) struct LeaseCache {
-    prefix: String,
-    leases: HashSet<ByKey>,
-    /// The revision of the last change applied to each key that holds no
-    /// lease (deleted, or malformed), to drop duplicates and stale events;
-    /// a key that holds one has it in the lease's `mod_revision`.
-    seen: HashMap<String, i64>,
-    metrics: Option<Arc<Metrics>>,
+/// What a watch hands over of one key's change, parsed where it arrived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Change {
+    Put(Lease),
+    /// A put of something that is no lease (why): a lease there before is
+    /// gone.
+    Malformed {
+        key: String,
+        why: NotALease,
+        revision: i64,
+    },
+    Delete {
+        key: String,
+        revision: i64,
+    },
 }
 
-impl LeaseCache {
-    pub(super) fn new(prefix: &str, metrics: Option<Arc<Metrics>>) -> Self {
-        Self {
-            prefix: prefix.to_string(),
-            metrics,
-            ..Default::default()
+impl Change {
+    /// The key changed.
+    pub(crate) fn key(&self) -> &str {
+        match self {
+            Change::Put(l) => &l.key,
+            Change::Malformed { key, .. } | Change::Delete { key, .. } => key,
         }
     }
 
+    /// The revision of the change.
+    pub(crate) fn revision(&self) -> i64 {
+        match self {
+            Change::Put(l) => l.mod_revision,
+            Change::Malformed { revision, .. } | Change::Delete { revision, .. } => *revision,
+        }
+    }
+}
+
+/// Every lease under the prefix at one revision, parsed page by page as
+/// it was read; of the keys that hold none, only how many and a few
+/// examples are kept.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    pub(crate) revision: i64,
+    /// The etcd cluster it was read from (0: unknown).
+    pub(crate) cluster: u64,
+    pub(crate) leases: Vec<Lease>,
+    pub(crate) skipped: Skipped,
+}
+
+/// The keys of a listing that hold no lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Skipped {
+    /// Keys that are no lease's key (not under the prefix, not a subnet,
+    /// not UTF-8, too long).
+    pub(crate) keys: u64,
+    /// Keys of a subnet whose value is no lease.
+    pub(crate) values: u64,
+    /// The first few, with why.
+    pub(crate) examples: Vec<(String, String)>,
+}
+
+impl Skipped {
+    /// How many examples are kept.
+    pub(crate) const EXAMPLES: usize = 5;
+
+    pub(crate) fn total(&self) -> u64 {
+        self.keys + self.values
+    }
+
+    pub(crate) fn add(&mut self, key: &str, why: &NotALease) {
+        match why {
+            NotALease::Key(_) => self.keys += 1,
+            NotALease::Value(_) => self.values += 1,
+        }
+        if self.examples.len() < Self::EXAMPLES {
+            // A junk key may be long: an example keeps its start.
+            let mut k: String = key.chars().take(120).collect();
+            if k.len() < key.len() {
+                k.push_str("...");
+            }
+            self.examples.push((k, why.to_string()));
+        }
+    }
+}
+
+/// Why a key under the prefix holds no lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum NotALease {
+    /// The key names no subnet.
+    Key(String),
+    /// The key names a subnet; its value is no lease.
+    Value(String),
+}
+
+impl std::fmt::Display for NotALease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotALease::Key(w) => write!(f, "not a lease's key: {w}"),
+            NotALease::Value(w) => write!(f, "not a lease: {w}"),
+        }
+    }
+}
+
+/// What the node knows of the leases, and the diffing that turns changes
+/// into changes of leases.
+#[derive(Default)]
+pub(super) struct LeaseCache {
+    leases: HashSet<ByKey>,
+    /// The revision of the last snapshot: a change at or below it is in the
+    /// snapshot already. (A watch resumes after the last revision it
+    /// delivered, so it repeats nothing; a change of a key that holds a
+    /// lease is also checked against the lease's own revision.)
+    floor: i64,
+    /// The etcd cluster the last snapshot was read from.
+    cluster: u64,
+}
+
+impl LeaseCache {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.leases.len()
@@ -108,22 +200,24 @@ impl LeaseCache {
         self.leases.is_empty()
     }
 
-    fn malformed(&self, key: &str, why: &str) {
-        tracing::warn!(key, reason = why, "skipping a malformed lease");
-        if let Some(m) = &self.metrics {
-            m.inc_malformed_lease();
-        }
-    }
-
-    fn parse(&self, kv: &KeyValue) -> Option<Lease> {
-        parse_lease(&self.prefix, kv)
-            .map_err(|why| self.malformed(&kv.key, &why))
-            .ok()
-    }
-
     /// The leases known.
     pub(super) fn leases(&self) -> impl Iterator<Item = &Lease> {
         self.leases.iter().map(|l| &l.0)
+    }
+
+    /// The etcd cluster the leases were read from (0: unknown).
+    pub(super) fn cluster(&self) -> u64 {
+        self.cluster
+    }
+
+    /// How many leases are known.
+    pub(super) fn count(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// The lease `key` holds.
+    pub(super) fn get(&self, key: &str) -> Option<&Lease> {
+        self.leases.get(key).map(|l| &l.0)
     }
 
     /// Whether `key` holds a lease.
@@ -131,22 +225,28 @@ impl LeaseCache {
         self.leases.contains(key)
     }
 
-    /// The revision of the last change applied to `key`.
-    fn last_revision(&self, key: &str) -> Option<i64> {
-        match self.leases.get(key) {
-            Some(l) => Some(l.0.mod_revision),
-            None => self.seen.get(key).copied(),
+    /// What a change changes of the leases (None: nothing, or stale).
+    pub(super) fn change(&mut self, c: Change) -> Option<LeaseEvent> {
+        let revision = c.revision();
+        if revision <= self.floor
+            || self
+                .leases
+                .get(c.key())
+                .is_some_and(|l| l.0.mod_revision >= revision)
+        {
+            return None;
         }
-    }
-
-    /// What a watch event changes.
-    pub(super) fn take(&mut self, ev: WatchEvent) -> Vec<LeaseEvent> {
-        match ev {
-            WatchEvent::Put(kv) => self.put(&kv, true).into_iter().collect(),
-            WatchEvent::Delete { key, revision } => {
-                self.delete(&key, revision).into_iter().collect()
-            }
-            WatchEvent::Listed(listing) => self.resync(&listing),
+        match c {
+            Change::Put(new) => match self.leases.replace(ByKey(new.clone())) {
+                None => Some(LeaseEvent::Added(new)),
+                Some(old) if old.0 == new => None,
+                Some(old) => Some(LeaseEvent::Changed { old: old.0, new }),
+            },
+            // A lease rewritten as junk is no lease any more: its peer goes.
+            Change::Malformed { key, .. } | Change::Delete { key, .. } => self
+                .leases
+                .take(key.as_str())
+                .map(|old| LeaseEvent::Removed(old.0)),
         }
     }
 
@@ -164,86 +264,52 @@ impl LeaseCache {
         }
     }
 
-    /// A put seen at `kv.mod_revision`; with `stale_check`, dropped unless
-    /// newer than the last change applied to its key.
-    fn put(&mut self, kv: &KeyValue, stale_check: bool) -> Option<LeaseEvent> {
-        if stale_check
-            && self
-                .last_revision(&kv.key)
-                .is_some_and(|r| r >= kv.mod_revision)
-        {
-            return None;
-        }
-        let Some(new) = self.parse(kv) else {
-            // A lease rewritten as junk is no lease any more: its peer goes.
-            self.seen.insert(kv.key.clone(), kv.mod_revision);
-            return self
-                .leases
-                .take(kv.key.as_str())
-                .map(|old| LeaseEvent::Removed(old.0));
-        };
-        self.seen.remove(&kv.key);
-        match self.leases.replace(ByKey(new.clone())) {
-            None => Some(LeaseEvent::Added(new)),
-            Some(old) if old.0 == new => None,
-            Some(old) => Some(LeaseEvent::Changed { old: old.0, new }),
-        }
-    }
-
-    /// A delete seen at `revision`.
-    fn delete(&mut self, key: &str, revision: i64) -> Option<LeaseEvent> {
-        if self.last_revision(key).is_some_and(|r| r >= revision) {
-            return None;
-        }
-        self.seen.insert(key.to_string(), revision);
-        self.leases.take(key).map(|old| LeaseEvent::Removed(old.0))
-    }
-
-    /// Replaces what is known with a fresh listing; returns the difference.
-    fn resync(&mut self, listing: &Listing) -> Vec<LeaseEvent> {
+    /// Replaces what is known with a fresh snapshot; returns the
+    /// difference, between [`LeaseEvent::Listing`] and
+    /// [`LeaseEvent::Synced`].
+    pub(super) fn resync(&mut self, snapshot: Snapshot) -> Vec<LeaseEvent> {
         let mut events = vec![LeaseEvent::Listing];
-        let present: HashSet<&str> = listing.kvs.iter().map(|kv| kv.key.as_str()).collect();
-        for kv in &listing.kvs {
-            // A listing is authoritative: no per-key revision holds, so a
-            // key recreated at a lower revision than a stale tombstone
-            // counts.
-            if let Some(ev) = self.put(kv, false) {
-                events.push(ev);
+        let mut fresh: HashSet<ByKey> = HashSet::with_capacity(snapshot.leases.len());
+        for new in snapshot.leases {
+            // A snapshot is authoritative: a key recreated at a lower
+            // revision than what was known counts.
+            match self.leases.take(new.key.as_str()) {
+                None => events.push(LeaseEvent::Added(new.clone())),
+                Some(old) if old.0 == new => {}
+                Some(old) => events.push(LeaseEvent::Changed {
+                    old: old.0,
+                    new: new.clone(),
+                }),
             }
+            fresh.replace(ByKey(new));
         }
-        let gone: Vec<String> = self
-            .leases
-            .iter()
-            .filter(|l| !present.contains(l.0.key.as_str()))
-            .map(|l| l.0.key.clone())
-            .collect();
-        for k in gone {
-            if let Some(old) = self.leases.take(k.as_str()) {
-                events.push(LeaseEvent::Removed(old.0));
-            }
+        for gone in self.leases.drain() {
+            events.push(LeaseEvent::Removed(gone.0));
         }
-        self.seen.retain(|k, _| present.contains(k.as_str()));
+        self.leases = fresh;
+        self.floor = snapshot.revision;
+        self.cluster = snapshot.cluster;
         events.push(LeaseEvent::Synced {
-            revision: listing.revision,
+            revision: snapshot.revision,
         });
         events
     }
 }
 
 /// A key under the prefix as a lease, or why it is none.
-pub(super) fn parse_lease(prefix: &str, kv: &KeyValue) -> Result<Lease, String> {
+pub(super) fn parse_lease(prefix: &str, kv: &KeyValue) -> Result<Lease, NotALease> {
     let suffix = kv
         .key
         .strip_prefix(prefix)
-        .ok_or_else(|| "key outside the subnets prefix".to_string())?;
-    let subnet = parse_key(suffix).map_err(|e| e.to_string())?;
+        .ok_or_else(|| NotALease::Key("outside the subnets prefix".to_string()))?;
+    let subnet = parse_key(suffix).map_err(|e| NotALease::Key(e.to_string()))?;
     if kv.value.len() > super::etcd::MAX_VALUE_BYTES {
-        return Err(format!(
+        return Err(NotALease::Value(format!(
             "a value of more than {} bytes (a lease is a few hundred)",
             super::etcd::MAX_VALUE_BYTES
-        ));
+        )));
     }
-    let attrs = LeaseAttrs::parse(&kv.value).map_err(|e| e.to_string())?;
+    let attrs = LeaseAttrs::parse(&kv.value).map_err(|e| NotALease::Value(e.to_string()))?;
     Ok(Lease {
         subnet,
         key: kv.key.clone(),
@@ -269,90 +335,117 @@ mod tests {
         }
     }
 
+    fn put(kv: &KeyValue) -> Change {
+        match parse_lease("/p/subnets/", kv) {
+            Ok(l) => Change::Put(l),
+            Err(why) => Change::Malformed {
+                key: kv.key.clone(),
+                why,
+                revision: kv.mod_revision,
+            },
+        }
+    }
+
     #[test]
-    fn events_from_puts_and_deletes_with_duplicates_dropped() {
-        let m = Arc::new(Metrics::default());
-        let mut c = LeaseCache::new("/p/subnets/", Some(m.clone()));
+    fn changes_with_duplicates_and_stale_ones_dropped() {
+        let mut c = LeaseCache::default();
         let a = kv("10.5.1.0-24", "198.18.0.1", 5);
         assert!(
-            matches!(c.put(&a, true), Some(LeaseEvent::Added(l)) if l.subnet.to_string() == "10.5.1.0/24")
+            matches!(c.change(put(&a)), Some(LeaseEvent::Added(l)) if l.subnet.to_string() == "10.5.1.0/24")
         );
-        assert_eq!(c.put(&a, true), None, "a duplicate is dropped");
-        assert!(c.seen.is_empty(), "a live lease keeps its revision itself");
+        assert_eq!(c.change(put(&a)), None, "a duplicate is dropped");
         let mut a2 = kv("10.5.1.0-24", "198.18.0.9", 6);
         a2.create_revision = 5;
-        match c.put(&a2, true) {
+        match c.change(put(&a2)) {
             Some(LeaseEvent::Changed { old, new }) => {
                 assert_eq!(old.attrs.public_ip.to_string(), "198.18.0.1");
                 assert_eq!(new.attrs.public_ip.to_string(), "198.18.0.9");
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(c.put(&a, true), None, "an older event is stale");
-        match c.delete(&a.key, 7) {
+        assert_eq!(c.change(put(&a)), None, "an older change is stale");
+        let del = Change::Delete {
+            key: a.key.clone(),
+            revision: 7,
+        };
+        match c.change(del.clone()) {
             Some(LeaseEvent::Removed(l)) => assert_eq!(l.attrs.public_ip.to_string(), "198.18.0.9"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(c.delete(&a.key, 7), None);
-        assert_eq!(
-            c.put(&a2, true),
-            None,
-            "a put older than the delete is stale"
-        );
-        assert_eq!(
-            c.seen.get(&a.key),
-            Some(&7),
-            "a deleted key keeps its revision"
-        );
+        assert_eq!(c.change(del), None);
         assert!(c.is_empty());
-        assert_eq!(m.malformed_leases(), 0);
+        // After a snapshot at 9, nothing at or below 9 applies.
+        c.resync(Snapshot {
+            revision: 9,
+            ..Default::default()
+        });
+        assert_eq!(c.change(put(&kv("10.5.2.0-24", "198.18.0.2", 9))), None);
+        assert!(
+            c.change(put(&kv("10.5.2.0-24", "198.18.0.2", 10)))
+                .is_some()
+        );
     }
 
     #[test]
-    fn malformed_values_are_skipped_and_counted() {
-        let m = Arc::new(Metrics::default());
-        let mut c = LeaseCache::new("/p/subnets/", Some(m.clone()));
+    fn malformed_values_remove_the_lease_they_overwrite() {
+        let mut c = LeaseCache::default();
         let mut bad = kv("10.5.1.0-24", "198.18.0.1", 5);
         bad.value = b"{not json".to_vec();
-        assert_eq!(c.put(&bad, true), None);
+        assert!(matches!(
+            put(&bad),
+            Change::Malformed {
+                why: NotALease::Value(_),
+                ..
+            }
+        ));
+        assert_eq!(c.change(put(&bad)), None);
         let mut badkey = kv("10.5.1.0-24", "198.18.0.1", 6);
         badkey.key = "/p/subnets/banana".into();
-        assert_eq!(c.put(&badkey, true), None);
-        assert_eq!(m.malformed_leases(), 2);
+        assert!(matches!(
+            put(&badkey),
+            Change::Malformed {
+                why: NotALease::Key(_),
+                ..
+            }
+        ));
         // A good value after that is seen normally.
         assert!(matches!(
-            c.put(&kv("10.5.1.0-24", "198.18.0.1", 7), true),
+            c.change(put(&kv("10.5.1.0-24", "198.18.0.1", 7))),
             Some(LeaseEvent::Added(_))
         ));
         // Rewritten as junk: the lease is gone (its peer must not stay).
         let mut junk = kv("10.5.1.0-24", "198.18.0.1", 8);
         junk.value = b"{not json".to_vec();
         assert!(
-            matches!(c.put(&junk, true), Some(LeaseEvent::Removed(l)) if l.attrs.public_ip.to_string() == "198.18.0.1")
+            matches!(c.change(put(&junk)), Some(LeaseEvent::Removed(l)) if l.attrs.public_ip.to_string() == "198.18.0.1")
         );
         assert!(c.is_empty());
-        assert_eq!(m.malformed_leases(), 3);
     }
 
     #[test]
     fn resync_diffs_against_what_was_seen() {
-        let mut c = LeaseCache::new("/p/subnets/", None);
+        let mut c = LeaseCache::default();
+        let lease = |kv: &KeyValue| parse_lease("/p/subnets/", kv).unwrap();
         let a = kv("10.5.1.0-24", "198.18.0.1", 5);
         let b = kv("10.5.2.0-24", "198.18.0.2", 6);
-        let ev = c.resync(&Listing {
+        let ev = c.resync(Snapshot {
             revision: 6,
-            kvs: vec![a.clone(), b.clone()],
+            cluster: 0,
+            leases: vec![lease(&a), lease(&b)],
+            skipped: Skipped::default(),
         });
         assert_eq!(ev.len(), 4);
         assert_eq!(ev[0], LeaseEvent::Listing);
         assert_eq!(ev[3], LeaseEvent::Synced { revision: 6 });
-        // Meanwhile (events missed): a removed, b changed, c added.
+        // Meanwhile (changes missed): a removed, b changed, c added.
         let mut b2 = kv("10.5.2.0-24", "198.18.0.22", 9);
         b2.create_revision = 6;
         let cc = kv("10.5.3.0-24", "198.18.0.3", 8);
-        let ev = c.resync(&Listing {
+        let ev = c.resync(Snapshot {
             revision: 9,
-            kvs: vec![b2, cc],
+            cluster: 0,
+            leases: vec![lease(&b2), lease(&cc)],
+            skipped: Skipped::default(),
         });
         assert!(
             ev.iter()
@@ -365,5 +458,18 @@ mod tests {
             )
         );
         assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn skipped_keys_keep_a_few_examples_cut_short() {
+        let mut s = Skipped::default();
+        let long = format!("/p/subnets/{}", "x".repeat(2000));
+        for _ in 0..1000 {
+            s.add(&long, &NotALease::Key("junk".into()));
+        }
+        s.add("/p/subnets/10.5.1.0-24", &NotALease::Value("junk".into()));
+        assert_eq!((s.keys, s.values, s.total()), (1000, 1, 1001));
+        assert_eq!(s.examples.len(), Skipped::EXAMPLES);
+        assert!(s.examples[0].0.len() < 130, "{}", s.examples[0].0);
     }
 }

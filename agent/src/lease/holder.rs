@@ -28,7 +28,10 @@ use super::{
     key::Subnets,
     store::Store,
 };
-use crate::{backoff::Backoff, metrics::Metrics};
+use crate::{
+    backoff::{ETCD, Retry},
+    metrics::Metrics,
+};
 
 /// A takeover and a loss between us and one node this close together are
 /// two live nodes claiming one address.
@@ -142,6 +145,11 @@ impl<S: Store + Clone + 'static> LeaseHolder<S> {
         }
     }
 
+    /// The subnet held, if any.
+    pub(crate) fn held(&self) -> Option<&HeldLease> {
+        self.held.as_ref()
+    }
+
     /// Another live node that claims our public IP, while that is known.
     pub(crate) fn conflict(&mut self) -> Option<Conflict> {
         if let Some(c) = &self.claims.conflict
@@ -159,10 +167,79 @@ impl<S: Store + Clone + 'static> LeaseHolder<S> {
     /// a log line saying why, then keeps it alive. The agent's first
     /// acquisition; later ones run beside its event loop
     /// ([`Self::acquisition`], [`Self::install`]).
+    #[cfg(test)]
     pub(crate) async fn acquire(&mut self, preferred: Option<Subnets>) -> HeldLease {
-        let held = self.acquisition(preferred).run().await;
+        self.start(preferred, None).await
+    }
+
+    /// The agent's first acquisition after a restart: the key it held at
+    /// its last stop (`kept`) is adopted as it is, with one read of that
+    /// key, where etcd still holds it exactly as this node wrote it, with
+    /// the same etcd lease (the check [`acquire`] makes of a key it holds);
+    /// otherwise the full acquisition runs. A restart then writes nothing:
+    /// a rolling restart of a large cluster makes no lease events.
+    pub(crate) async fn start(
+        &mut self,
+        preferred: Option<Subnets>,
+        kept: Option<super::resume::KeptHeld>,
+    ) -> HeldLease {
+        let held = match kept {
+            Some(k) => self.adopt(k).await,
+            None => None,
+        };
+        let held = match held {
+            Some(h) => h,
+            None => self.acquisition(preferred).run().await,
+        };
         self.install(held.clone());
         held
+    }
+
+    /// The key `kept` names, if it is still ours exactly as kept.
+    async fn adopt(&self, kept: super::resume::KeptHeld) -> Option<HeldLease> {
+        let ctx = &self.ctx;
+        let kv = match ctx.store.get(&kept.key).await {
+            Ok(Some(kv)) => kv,
+            Ok(None) => {
+                tracing::info!(key = %kept.key, "the key held at the last stop is gone; acquiring");
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(key = %kept.key, error = %e, "cannot read the key held at the last stop; acquiring");
+                return None;
+            }
+        };
+        let subnet = kv
+            .key
+            .strip_prefix(&ctx.subnets_prefix)
+            .and_then(|k| super::key::parse_key(k).ok())
+            .filter(|s| ctx.config.is_assignable(s));
+        let same = kv.create_revision == kept.create_revision
+            && kv.lease == kept.lease_id
+            && kv.value == ctx.value.to_json().into_bytes();
+        match subnet {
+            Some(subnet) if same => {
+                tracing::info!(
+                    subnet = %subnet,
+                    key = %kv.key,
+                    lease = if kv.lease == 0 { "reservation".to_string() } else { format!("{:x}", kv.lease) },
+                    "holding the subnet held at the last stop (unchanged in etcd)"
+                );
+                Some(HeldLease {
+                    subnet,
+                    key: kv.key,
+                    lease_id: kv.lease,
+                    create_revision: kv.create_revision,
+                    mod_revision: kv.mod_revision,
+                    attrs: ctx.value.clone(),
+                    taken_from: None,
+                })
+            }
+            _ => {
+                tracing::info!(key = %kept.key, "the key held at the last stop changed; acquiring");
+                None
+            }
+        }
     }
 
     /// An acquisition of a subnet (`preferred` if it is free) that owns
@@ -269,7 +346,7 @@ pub(crate) struct Acquisition<S> {
 
 impl<S: Store> Acquisition<S> {
     pub(crate) async fn run(mut self) -> HeldLease {
-        let mut failures = 0u32;
+        let mut retry = Retry::new(ETCD);
         let started = Instant::now();
         let ttl = self.ctx.timing.ttl;
         loop {
@@ -326,8 +403,7 @@ impl<S: Store> Acquisition<S> {
                     self.ctx.metrics.inc_etcd_error();
                     // The granted lease may have been lost with the outage.
                     self.spare_lease = None;
-                    failures += 1;
-                    let wait = Backoff::RETRY.delay(failures);
+                    let wait = retry.failed(0, &mut self.rng);
                     tracing::warn!(error = %e, retry_in = ?wait, "etcd unreachable while acquiring a subnet; retrying");
                     sleep(wait).await;
                 }
@@ -352,7 +428,8 @@ pub(crate) async fn wait_for_config<S: Store>(
     metrics: &Metrics,
 ) -> NetworkConfig {
     let key = format!("{prefix}/config");
-    let mut failures = 0u32;
+    let mut retry = Retry::new(ETCD);
+    let mut rng = rand::rngs::StdRng::from_os_rng();
     loop {
         let wait = retry_interval;
         match store.get(&key).await {
@@ -385,14 +462,13 @@ pub(crate) async fn wait_for_config<S: Store>(
             ),
             Err(e) => {
                 metrics.inc_etcd_error();
-                failures += 1;
-                let wait = Backoff::RETRY.delay(failures);
+                let wait = retry.failed(0, &mut rng);
                 tracing::warn!(error = %e, retry_in = ?wait, "etcd unreachable; retrying");
                 sleep(wait).await;
                 continue;
             }
         }
-        failures = 0;
+        retry.working();
         sleep(wait).await;
     }
 }

@@ -5,9 +5,12 @@
 //! ours, and the agent must go back through the fenced acquisition path. A
 //! keep-alive that cannot reach etcd is retried; once renewal has failed for
 //! longer than TTL minus the renew margin, the agent warns that the lease is
-//! at risk.
+//! at risk. Retries are fully jittered ([`Retry`]), at most one renewal
+//! interval apart.
 
 use std::{sync::Arc, time::Duration};
+
+use rand::SeedableRng as _;
 
 use tokio::{
     sync::mpsc,
@@ -15,7 +18,10 @@ use tokio::{
 };
 
 use super::store::{KeepAlive as _, Store};
-use crate::{backoff::Backoff, metrics::Metrics};
+use crate::{
+    backoff::{ETCD, Retry},
+    metrics::Metrics,
+};
 
 pub(crate) struct KeeperConfig {
     pub(crate) lease_id: i64,
@@ -39,15 +45,15 @@ pub(crate) async fn keep_alive<S: Store>(
     let every = interval(cfg.ttl);
     let mut last_ok = Instant::now();
     let mut warned = false;
-    let mut failures = 0u32;
+    let mut retry = Retry::new(ETCD);
+    let mut rng = rand::rngs::StdRng::from_os_rng();
     loop {
         let mut renewals = match store.keep_alive(cfg.lease_id).await {
             Ok(r) => r,
             Err(e) => {
                 metrics.inc_etcd_error();
-                failures += 1;
                 at_risk(&cfg, last_ok, &mut warned, &e.to_string());
-                sleep(retry(failures, every)).await;
+                sleep(retry.failed(0, &mut rng).min(every)).await;
                 continue;
             }
         };
@@ -55,7 +61,7 @@ pub(crate) async fn keep_alive<S: Store>(
             match timeout(cfg.request_timeout, renewals.renew()).await {
                 Ok(Ok(ttl)) if ttl > 0 => {
                     last_ok = Instant::now();
-                    failures = 0;
+                    retry.working();
                     if warned {
                         tracing::info!(
                             lease = format!("{:x}", cfg.lease_id),
@@ -82,13 +88,8 @@ pub(crate) async fn keep_alive<S: Store>(
                 }
             }
         }
-        failures += 1;
-        sleep(retry(failures, every)).await;
+        sleep(retry.failed(0, &mut rng).min(every)).await;
     }
-}
-
-fn retry(failures: u32, every: Duration) -> Duration {
-    Backoff::RETRY.delay(failures).min(every)
 }
 
 fn at_risk(cfg: &KeeperConfig, last_ok: Instant, warned: &mut bool, why: &str) {

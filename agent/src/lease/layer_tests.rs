@@ -4,20 +4,26 @@
 //! a compaction of the watch's history) reaches both as it would with etcd.
 //! Time is tokio's paused clock: minutes of TTLs run in milliseconds.
 
-use std::{collections::HashSet, net::Ipv4Addr, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    net::Ipv4Addr,
+    sync::{Arc, atomic::AtomicUsize},
+    time::Duration,
+};
 
 use ipnet::IpNet;
-use tokio::{sync::mpsc, task::JoinHandle, time::Instant};
+use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
 use super::{
     acquire::{HeldLease, Identity},
     attrs::LeaseAttrs,
     config::NetworkConfig,
     holder::{LeaseHolder, Timing, wait_for_config},
+    inbox::Inbox,
     memory::MemStore,
-    store::{Store as _, WatchEvent},
+    store::Store as _,
     view::LeaseView,
-    watch,
+    watch::Watch,
 };
 use crate::{mac::MacAddr, metrics::Metrics};
 
@@ -71,7 +77,7 @@ async fn node(store: &MemStore, cfg: &NetworkConfig, n: u8) -> Node {
 /// A node's view of the others, fed by its own watch.
 struct Follower {
     view: LeaseView,
-    rx: mpsc::Receiver<WatchEvent>,
+    inbox: Arc<Inbox>,
     task: JoinHandle<()>,
     metrics: Arc<Metrics>,
 }
@@ -82,46 +88,50 @@ impl Follower {
         let subnets = format!("{PREFIX}/subnets/");
         let mut view = LeaseView::new(&subnets, cfg.clone(), identity(n).0, metrics.clone());
         view.set_held(held);
-        let (tx, rx) = mpsc::channel(64);
-        let task = tokio::spawn(watch::run(
-            store.clone(),
-            subnets,
-            tx,
-            metrics.clone(),
-            Arc::new(tokio::sync::Notify::new()),
-        ));
+        let inbox = Arc::new(Inbox::default());
+        let task = tokio::spawn(
+            Watch {
+                store: store.clone(),
+                prefix: subnets,
+                inbox: inbox.clone(),
+                metrics: metrics.clone(),
+                moved: Arc::new(Notify::new()),
+                trouble: Arc::new(Notify::new()),
+                nodes: Arc::new(AtomicUsize::new(0)),
+            }
+            .run(None),
+        );
         Self {
             view,
-            rx,
+            inbox,
             task,
             metrics,
         }
     }
 
-    /// Applies events until the peers are `want` (or 60 s of tokio time).
+    /// Applies what the watch hands over until the peers are `want` (or
+    /// 60 s of tokio time).
     async fn until(&mut self, what: &str, want: &[IpNet]) -> Duration {
         let want: HashSet<IpNet> = want.iter().copied().collect();
         let start = Instant::now();
         while self.view.peer_subnets() != want {
-            let ev = tokio::time::timeout(Duration::from_secs(60), self.rx.recv())
+            tokio::time::timeout(Duration::from_secs(60), self.inbox.wait())
                 .await
                 .unwrap_or_else(|_| {
                     panic!(
                         "{what}: peers {:?}, want {want:?}",
                         self.view.peer_subnets()
                     )
-                })
-                .expect("the watch ended");
-            self.view.apply(vec![ev]);
+                });
+            self.drain();
         }
         start.elapsed()
     }
 
     /// Applies what arrived meanwhile.
     fn drain(&mut self) {
-        while let Ok(ev) = self.rx.try_recv() {
-            self.view.apply(vec![ev]);
-        }
+        let b = self.inbox.take();
+        self.view.apply(b.snapshot, b.changes);
     }
 }
 
@@ -200,9 +210,11 @@ async fn a_revoked_lease_is_noticed_and_acquired_again() {
 }
 
 /// An outage shorter than the TTL loses nothing: keep-alives resume, the
-/// watch lists again and knows the same peers. A compaction of history the
-/// watch has delivered does not disturb it (as in etcd, only a watch
-/// started from a compacted revision is cancelled).
+/// watch starts again after the last revision it delivered (no list) and
+/// knows the same peers. A compaction of history the watch has delivered
+/// does not disturb it (as in etcd, only a watch started from a compacted
+/// revision is cancelled); one past what it delivered, met when it starts
+/// again, makes it list once.
 #[tokio::test(start_paused = true)]
 async fn an_outage_and_a_compaction_lose_nothing() {
     let (store, cfg) = setup().await;
@@ -210,7 +222,7 @@ async fn an_outage_and_a_compaction_lose_nothing() {
     let b = node(&store, &cfg, 2).await;
     let mut fb = Follower::start(&store, &cfg, 2, &b.held);
     fb.until("a is b's peer", &[v4(&a.held)]).await;
-    let resyncs = metric(&fb.metrics, "weft_watch_resyncs_total");
+    assert_eq!(metric(&fb.metrics, "weft_watch_lists_total"), 1.0);
 
     store.set_down(true);
     tokio::time::sleep(TIMING.ttl / 2).await;
@@ -220,17 +232,38 @@ async fn an_outage_and_a_compaction_lose_nothing() {
     assert_eq!(fb.view.peer_subnets(), HashSet::from([v4(&a.held)]));
     assert!(store.get(&a.held.key).await.unwrap().is_some());
     assert!(metric(&a.metrics, "weft_etcd_errors_total") >= 1.0);
-    let after_outage = metric(&fb.metrics, "weft_watch_resyncs_total");
-    assert!(after_outage > resyncs, "the broken watch listed again");
+    assert!(
+        metric(&fb.metrics, "weft_watch_resumes_total") >= 1.0,
+        "the broken watch started again"
+    );
+    assert_eq!(
+        metric(&fb.metrics, "weft_watch_lists_total"),
+        1.0,
+        "without a list"
+    );
 
     store.compact();
     let c = node(&store, &cfg, 3).await;
     fb.until("c joins after the compaction", &[v4(&a.held), v4(&c.held)])
         .await;
-    assert_eq!(
-        metric(&fb.metrics, "weft_watch_resyncs_total"),
-        after_outage
-    );
+    assert_eq!(metric(&fb.metrics, "weft_watch_lists_total"), 1.0);
+
+    // Down while c's lease is put and a compaction passes it: back, the
+    // watch finds its revision gone and lists, once.
+    store.set_down(true);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.set_down(false);
+    let d = node(&store, &cfg, 4).await;
+    store.set_down(true);
+    store.compact();
+    store.set_down(false);
+    fb.until(
+        "d seen through a list",
+        &[v4(&a.held), v4(&c.held), v4(&d.held)],
+    )
+    .await;
+    assert_eq!(metric(&fb.metrics, "weft_watch_lists_total"), 2.0);
     drop(c);
-    fb.until("c's lease expired", &[v4(&a.held)]).await;
+    fb.until("c's lease expired", &[v4(&a.held), v4(&d.held)])
+        .await;
 }

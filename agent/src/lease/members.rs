@@ -1,22 +1,28 @@
 //! Which etcd members the client may use.
 //!
-//! Every 2 s each member given in `--etcd-endpoints` is asked for its status
-//! over a connection of its own, with a 1 s deadline. A member that does not
+//! A healthy cluster is never asked: when the lease watch breaks (`trouble`),
+//! each member given in `--etcd-endpoints` is asked for its status over a
+//! connection of its own, with a 1 s deadline. A member that does not
 //! answer, or answers without a leader (cut off from its peers), is taken
-//! out of the client's rotation; one that answers with a leader again is put
+//! out of the client's rotation, and asked again 2 s later, then at longer
+//! random intervals (up to 30 s) until it answers with a leader and is put
 //! back. The last member in rotation is never taken out (then every request
 //! fails until one recovers, and is retried). When a member is taken out,
 //! the lease watch is told to start again, since it may be on that member.
+//! (Asked every 2 s, 5,000 agents of a 3-member cluster made 7,500 status
+//! requests a second.)
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use etcd_client::Client;
 use tokio::sync::Notify;
 
-use super::etcd::EtcdStore;
-use crate::metrics::Metrics;
+use rand::SeedableRng as _;
 
-const INTERVAL: Duration = Duration::from_secs(2);
+use super::etcd::EtcdStore;
+use crate::{backoff::Backoff, metrics::Metrics};
+
+const RECHECK: Backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(30));
 const DEADLINE: Duration = Duration::from_secs(1);
 
 /// One member's state.
@@ -27,8 +33,14 @@ struct Member {
     down: Option<String>,
 }
 
-/// Checks the members forever; `moved` is notified when one is taken out.
-pub(crate) async fn run(store: EtcdStore, metrics: Arc<Metrics>, moved: Arc<Notify>) {
+/// Checks the members when `trouble` says so, and those out of rotation
+/// until they are back; `moved` is notified when one is taken out.
+pub(crate) async fn run(
+    store: EtcdStore,
+    metrics: Arc<Metrics>,
+    moved: Arc<Notify>,
+    trouble: Arc<Notify>,
+) {
     let endpoints = store.options().endpoints.clone();
     if endpoints.len() < 2 {
         return;
@@ -46,10 +58,26 @@ pub(crate) async fn run(store: EtcdStore, metrics: Arc<Metrics>, moved: Arc<Noti
             )
         })
         .collect();
-    let mut tick = tokio::time::interval(INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let mut rechecks = 0u32;
     loop {
-        tick.tick().await;
+        let unwell = members.values().any(|m| !m.in_rotation || m.down.is_some());
+        if unwell {
+            // The first recheck in 2 s, then at random up to 30 s.
+            let wait = if rechecks == 0 {
+                RECHECK.delay(0)
+            } else {
+                RECHECK.jittered(rechecks, &mut rng).max(RECHECK.delay(0))
+            };
+            rechecks += 1;
+            tokio::select! {
+                () = trouble.notified() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        } else {
+            rechecks = 0;
+            trouble.notified().await;
+        }
         // All at once: one member that hangs must not delay the others.
         let verdicts: Vec<(String, Result<(), String>)> =
             futures::future::join_all(members.iter_mut().map(|(ep, m)| {

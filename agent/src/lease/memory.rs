@@ -192,7 +192,7 @@ impl Store for MemStore {
                 return Ok(TxnOutcome {
                     succeeded: false,
                     revision: s.rev,
-                    listing: else_list.map(|p| s.list(p)),
+                    listing: else_list.map(|p| s.list(p).into()),
                 });
             }
             let missing = ops.iter().any(|op| {
@@ -244,6 +244,10 @@ impl Store for MemStore {
         })
     }
 
+    async fn holds_revision(&self, _key: &str, revision: i64) -> Result<Option<u64>, StoreError> {
+        self.with(|s| s.up().map(|()| (revision > s.compacted).then_some(0)))
+    }
+
     fn pause(&self, d: Duration) -> impl Future<Output = ()> + Send {
         tokio::time::sleep(d)
     }
@@ -267,7 +271,7 @@ impl WatchStream for MemWatch {
             let ready = self.store.with(|s| {
                 s.up()?;
                 if self.next <= s.compacted {
-                    return Ok(Some(WatchResponse::Restart(format!(
+                    return Ok(Some(WatchResponse::Compacted(format!(
                         "revision {} was compacted (oldest kept: {})",
                         self.next,
                         s.compacted + 1
@@ -283,7 +287,11 @@ impl WatchStream for MemWatch {
                     return Ok(None);
                 }
                 self.next = s.rev + 1;
-                Ok(Some(WatchResponse::Events { events, member: 1 }))
+                Ok(Some(WatchResponse::Events {
+                    events,
+                    revision: s.rev,
+                    member: 1,
+                }))
             })?;
             if ready.is_some() {
                 return Ok(ready);
@@ -302,7 +310,6 @@ fn under(ev: &WatchEvent, prefix: &str) -> bool {
     match ev {
         WatchEvent::Put(kv) => kv.key.starts_with(prefix),
         WatchEvent::Delete { key, .. } => key.starts_with(prefix),
-        WatchEvent::Listed(_) => false,
     }
 }
 
@@ -342,7 +349,7 @@ mod tests {
         let mut old = s.watch("/p/", 1).await.unwrap();
         assert!(matches!(
             old.next().await,
-            Ok(Some(WatchResponse::Restart(_)))
+            Ok(Some(WatchResponse::Compacted(_)))
         ));
         let rev = s.list("/p/").await.unwrap().revision;
         let mut w = s.watch("/p/", rev + 1).await.unwrap();

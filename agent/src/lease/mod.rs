@@ -6,8 +6,10 @@
 //! - `acquire`: the fenced acquisition, one attempt.
 //! - `holder` and `keeper`: this node's lease through its life: acquired,
 //!   kept alive, lost, acquired again.
-//! - `watch`: every lease in etcd, as events; `members`: which etcd
-//!   members are healthy enough to use.
+//! - `watch`: every lease in etcd, parsed as it arrives and handed to the
+//!   loop through the `inbox` (coalesced by key); `resume`: the leases a
+//!   restart resumes from; `members`: which etcd members are healthy
+//!   enough to use.
 //! - `view` and `validate`: what each lease is to this node: ours, a peer,
 //!   or rejected.
 //!
@@ -18,12 +20,14 @@ mod acquire;
 mod cache;
 mod etcd;
 mod holder;
+mod inbox;
 mod keeper;
 #[cfg(test)]
 mod layer_tests;
 mod members;
 #[cfg(test)]
 mod memory;
+pub(crate) mod resume;
 mod store;
 mod validate;
 mod view;
@@ -45,13 +49,15 @@ pub use wireguard::{
 pub use acquire::{AcquireError, AcquireRequest, AcquireStats, HeldLease, Identity, acquire};
 pub use etcd::{EtcdOptions, EtcdStore};
 pub use store::{
-    Compare, KeepAlive, KeyValue, Listing, Op, Store, StoreError, TxnOutcome, WatchEvent,
+    Compare, KeepAlive, KeyValue, Listing, Op, Page, Store, StoreError, TxnOutcome, WatchEvent,
     WatchResponse, WatchStream,
 };
 
 pub(crate) use holder::{LeaseHolder, Timing, wait_for_config};
+pub(crate) use inbox::{Batch, Inbox};
 pub(crate) use keeper::unix_now;
 pub(crate) use members::run as watch_members;
 pub(crate) use subnet_file::{DEFAULT_PATH as DEFAULT_SUBNET_FILE, read_subnet};
+pub(crate) use validate::Rejection;
 pub(crate) use view::{LeaseView, Lost, decide};
-pub(crate) use watch::{list_once, run as watch};
+pub(crate) use watch::{Watch, list_once};

@@ -30,6 +30,37 @@ pub struct Listing {
     pub kvs: Vec<KeyValue>,
 }
 
+/// One page of a read of a prefix: what a reader parses and drops before
+/// it asks for the next, so what etcd holds never has to fit in memory at
+/// once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Page {
+    /// The revision every page of the read is at.
+    pub revision: i64,
+    /// The etcd cluster's id (0 where the store has none).
+    pub cluster: u64,
+    pub kvs: Vec<KeyValue>,
+    /// More keys follow, from [`Page::next`].
+    pub more: bool,
+    /// Where the next page starts: the raw bytes of the last key read, and
+    /// a NUL (never a key as [`KeyValue::key`] shows it: a key that is not
+    /// UTF-8, or too long to keep, is shown changed, and a cursor built
+    /// from that would read the same page again).
+    pub next: Vec<u8>,
+}
+
+impl From<Listing> for Page {
+    fn from(l: Listing) -> Self {
+        Page {
+            revision: l.revision,
+            cluster: 0,
+            kvs: l.kvs,
+            more: false,
+            next: Vec::new(),
+        }
+    }
+}
+
 /// A transaction guard (all are equality compares).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Compare {
@@ -58,11 +89,11 @@ pub struct TxnOutcome {
     /// The store's revision after the transaction (the revision of the
     /// writes when it succeeded).
     pub revision: i64,
-    /// When it failed and a prefix was given: that prefix, read in the same
-    /// transaction, so a retry needs no extra request (or, when that read
-    /// was too large for one response, page by page just after; a retry's
-    /// compare decides either way).
-    pub listing: Option<Listing>,
+    /// When it failed and a prefix was given: the first page of that
+    /// prefix, read in the same transaction, so a retry needs no extra
+    /// request; the rest, if any, is read with [`Store::list_page`] from
+    /// its cursor, at its revision (a retry's compare decides either way).
+    pub listing: Option<Page>,
 }
 
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -76,32 +107,32 @@ pub enum StoreError {
     Other(String),
 }
 
-/// What a watch delivers: etcd's changes as they come, and listings.
+/// What a watch delivers: etcd's changes as they come.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchEvent {
     Put(KeyValue),
-    Delete {
-        key: String,
-        revision: i64,
-    },
-    /// Every key under the prefix at the listing's revision (after a start,
-    /// a compaction or a broken watch).
-    Listed(Listing),
+    Delete { key: String, revision: i64 },
 }
 
 /// One response of a watch stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchResponse {
-    /// Changes, in revision order; none for a progress notification (the
-    /// watch is current). `member`: the etcd member that answered (0 when
-    /// unknown).
+    /// Changes, in revision order; none for a progress notification.
+    /// `revision`: every change up to it has been delivered (what a watch
+    /// started again resumes after); 0 where the response cannot say so
+    /// (the watch's creation, and the answer to a progress request, which
+    /// an etcd before 3.4.25 may send ahead of changes it still holds).
+    /// `member`: the etcd member that answered (0 when unknown).
     Events {
         events: Vec<WatchEvent>,
+        revision: i64,
         member: u64,
     },
-    /// The watch cannot go on from where it was (its start revision was
-    /// compacted, etcd cancelled it, the connection was replaced), and why:
-    /// list again and watch from there.
+    /// The revision the watch started from is compacted away: only a fresh
+    /// list can catch up.
+    Compacted(String),
+    /// The watch cannot go on (etcd cancelled it, the connection was
+    /// replaced), and why: start it again from where it was.
     Restart(String),
 }
 
@@ -127,8 +158,24 @@ pub trait Store: Send + Sync {
     type Watch: WatchStream;
     type KeepAlive: KeepAlive;
 
-    /// All keys under `prefix`, with values, at one revision.
+    /// All keys under `prefix`, with values, at one revision. For small
+    /// reads (one key's history, a command's listing); the agent reads the
+    /// subnets page by page ([`Store::list_page`]).
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Listing, StoreError>> + Send;
+
+    /// One page of the keys under `prefix` from `from` on (the prefix
+    /// itself for the first page, then [`Page::next`]), at `revision` (0:
+    /// the current one, which the page then names). A store that does not
+    /// page answers everything at once.
+    fn list_page(
+        &self,
+        prefix: &str,
+        from: &[u8],
+        revision: i64,
+    ) -> impl Future<Output = Result<Page, StoreError>> + Send {
+        let _ = (from, revision);
+        async move { self.list(prefix).await.map(Page::from) }
+    }
 
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<KeyValue>, StoreError>> + Send;
 
@@ -151,6 +198,19 @@ pub trait Store: Send + Sync {
         prefix: &str,
         revision: i64,
     ) -> impl Future<Output = Result<Self::Watch, StoreError>> + Send;
+
+    /// Whether the store still holds its history from `revision` on (it is
+    /// not compacted away), asked with a read of `key` at that revision:
+    /// the cluster's id (as [`Page::cluster`]) if it does. A store that
+    /// cannot tell says it does not.
+    fn holds_revision(
+        &self,
+        key: &str,
+        revision: i64,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
+        let _ = (key, revision);
+        async { Ok(None) }
+    }
 
     /// Opens renewals of the etcd lease `lease`.
     fn keep_alive(

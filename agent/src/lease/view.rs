@@ -2,14 +2,19 @@
 //! own, a peer, or rejected (with a reason).
 //!
 //! The watch feeds etcd's changes in; the view keeps every lease (its
-//! cache, the one copy on the node), and after each batch decides the whole
-//! peer set again from scratch, so a
-//! rejected lease is re-evaluated whenever it or a rival changes, and a key
-//! that stops being ours (taken by another node after our lease was lost)
+//! cache, the one copy on the node) and decides. A verdict depends on the
+//! lease itself and on the leases it contends with for a subnet, a VTEP
+//! address or a WireGuard key (the older wins), and on theirs in turn: a
+//! change is decided again over that set only (its contenders, found
+//! through an index), so a lease put and deleted every few milliseconds
+//! beside 50,000 others costs the work of a handful, and a rejected lease
+//! is still re-evaluated whenever it or a rival changes. After a fresh list,
+//! or when our own subnet changes, every lease is decided again; a key that
+//! stops being ours (taken by another node after our lease was lost) then
 //! becomes that node's peer as soon as we hold another subnet.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     net::IpAddr,
     sync::Arc,
 };
@@ -18,15 +23,15 @@ use ipnet::IpNet;
 
 use super::{
     acquire::{HeldLease, Identity},
-    cache::{Lease, LeaseCache, LeaseEvent},
+    cache::{Change, Lease, LeaseCache, LeaseEvent, Skipped, Snapshot},
     config::NetworkConfig,
     key::Subnets,
-    store::WatchEvent,
     validate::{Rejection, check},
 };
 use crate::{
     metrics::Metrics,
     peer::{Peer, PeerUpdate},
+    wgkey::WgKey,
 };
 
 /// Our lease is gone.
@@ -48,6 +53,30 @@ pub(crate) struct Outcome {
     pub(crate) synced: Option<i64>,
 }
 
+/// What two leases may contend for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Contended {
+    Subnet(IpNet),
+    Vtep(IpAddr),
+    Key(WgKey),
+}
+
+fn contended(peers: &[Peer]) -> impl Iterator<Item = Contended> + '_ {
+    peers.iter().flat_map(|p| {
+        [Contended::Subnet(p.subnet), Contended::Vtep(p.vtep)]
+            .into_iter()
+            .chain(p.key.map(Contended::Key))
+    })
+}
+
+/// A lease that passed its own checks: it is a peer unless an older lease
+/// takes what it claims.
+struct Candidate {
+    peers: Vec<Peer>,
+    /// The subnets it won (all of its peers', or none).
+    won: bool,
+}
+
 pub(crate) struct LeaseView {
     config: NetworkConfig,
     me: Identity,
@@ -57,17 +86,28 @@ pub(crate) struct LeaseView {
     /// The peers the dataplane was told about.
     peers: HashMap<IpNet, Peer>,
     /// Leases rejected, with the revision the rejection was logged at.
-    rejected: HashMap<String, (Rejection, i64)>,
+    rejected: HashMap<Arc<str>, (Rejection, i64)>,
+    /// How many are rejected, by reason.
+    rejected_counts: BTreeMap<&'static str, u64>,
+    /// The leases that passed their own checks, by key.
+    candidates: HashMap<Arc<str>, Candidate>,
+    /// The candidates that claim each thing.
+    index: HashMap<Contended, Vec<Arc<str>>>,
     metrics: Arc<Metrics>,
     /// Between a [`LeaseEvent::Listing`] and its [`LeaseEvent::Synced`]:
     /// the set is incomplete, deciding waits (one decision for a list of
     /// 50,000 leases, not one per batch of events).
     listing: bool,
+    /// Leases decided (checked and ordered) so far, for the tests of how
+    /// much work a change costs.
+    decided: u64,
+    /// The keys of the last list that held no lease.
+    skipped: Skipped,
 }
 
 impl LeaseView {
     pub(crate) fn new(
-        subnets_prefix: &str,
+        _subnets_prefix: &str,
         config: NetworkConfig,
         me: Identity,
         metrics: Arc<Metrics>,
@@ -76,11 +116,16 @@ impl LeaseView {
             config,
             me,
             held: None,
-            leases: LeaseCache::new(subnets_prefix, Some(metrics.clone())),
+            leases: LeaseCache::default(),
             peers: HashMap::new(),
             rejected: HashMap::new(),
+            rejected_counts: Rejection::REASONS.iter().map(|r| (*r, 0)).collect(),
+            candidates: HashMap::new(),
+            index: HashMap::new(),
             metrics,
             listing: false,
+            decided: 0,
+            skipped: Skipped::default(),
         }
     }
 
@@ -88,7 +133,7 @@ impl LeaseView {
     /// is decided again around it.
     pub(crate) fn set_held(&mut self, held: &HeldLease) -> Vec<PeerUpdate> {
         self.held = Some(held.clone());
-        self.decide()
+        self.decide_all()
     }
 
     /// Whether `lease` is the key we hold, as we wrote it.
@@ -112,23 +157,49 @@ impl LeaseView {
     }
 
     /// The leases rejected, with why.
-    pub(crate) fn rejected(&self) -> impl Iterator<Item = (&String, &Rejection)> {
-        self.rejected.iter().map(|(k, (why, _))| (k, why))
+    pub(crate) fn rejected(&self) -> impl Iterator<Item = (&str, &Rejection)> {
+        self.rejected.iter().map(|(k, (why, _))| (&**k, why))
     }
 
-    /// What a batch of the watch's events means for this node.
-    pub(crate) fn apply(&mut self, events: Vec<WatchEvent>) -> Outcome {
-        let changes: Vec<LeaseEvent> = events
-            .into_iter()
-            .flat_map(|ev| self.leases.take(ev))
-            .collect();
-        self.apply_changes(changes)
+    /// How many leases are rejected.
+    pub(crate) fn rejected_count(&self) -> usize {
+        self.rejected.len()
+    }
+
+    /// The keys of the last list that held no lease.
+    pub(crate) fn skipped(&self) -> &Skipped {
+        &self.skipped
+    }
+
+    /// How many leases are known (every node's, ours included).
+    pub(crate) fn lease_count(&self) -> usize {
+        self.leases.count()
+    }
+
+    /// Every lease known, and the etcd cluster they came from (what a
+    /// restart resumes from).
+    pub(crate) fn known(&self) -> (u64, impl Iterator<Item = &Lease>) {
+        (self.leases.cluster(), self.leases.leases())
+    }
+
+    /// What a batch from the watch means for this node: a fresh list
+    /// first, if any, then each key's last change.
+    pub(crate) fn apply(&mut self, snapshot: Option<Snapshot>, changes: Vec<Change>) -> Outcome {
+        let mut events = Vec::new();
+        if let Some(mut s) = snapshot {
+            self.skipped = std::mem::take(&mut s.skipped);
+            events = self.leases.resync(s);
+        }
+        events.extend(changes.into_iter().filter_map(|c| self.leases.change(c)));
+        self.apply_changes(events)
     }
 
     /// Applies changes of leases (the cache has them already; tests feed
     /// them directly).
     fn apply_changes(&mut self, events: Vec<LeaseEvent>) -> Outcome {
         let mut out = Outcome::default();
+        let mut changed: Vec<String> = Vec::new();
+        let mut all = false;
         for ev in events {
             #[cfg(test)]
             self.leases.record(&ev);
@@ -146,6 +217,7 @@ impl LeaseView {
                             to: l.attrs.node_id.clone(),
                         });
                     }
+                    changed.push(l.key);
                 }
                 LeaseEvent::Removed(l) => {
                     if self.is_own_key(&l.key) {
@@ -154,95 +226,327 @@ impl LeaseView {
                             to: None,
                         });
                     }
+                    changed.push(l.key);
                 }
                 LeaseEvent::Listing => self.listing = true,
                 LeaseEvent::Synced { revision } => {
                     self.listing = false;
+                    all = true;
                     out.synced = Some(revision);
                 }
             }
         }
         if !self.listing {
-            out.updates = self.decide();
+            out.updates = if all {
+                self.decide_all()
+            } else {
+                self.decide_changed(&changed)
+            };
         }
         out
     }
 
-    /// Decides every lease again; returns what changed for the dataplane.
-    fn decide(&mut self) -> Vec<PeerUpdate> {
-        let own = self.held.as_ref().map(|h| h.subnet);
-        let d = decide(
-            self.leases.leases(),
-            &self.config,
-            Some(&self.me),
-            own,
-            |l| self.is_ours(l),
-        );
-        // Log each rejection once per version of the lease.
-        let mut rejected = HashMap::new();
-        for (key, (why, rev)) in d.rejected {
-            let logged = self
-                .rejected
-                .get(&key)
-                .is_some_and(|(w, r)| *w == why && *r == rev);
-            if !logged {
-                tracing::warn!(key = %key, reason = %why.name(), "rejecting lease: {why}");
-            }
-            rejected.insert(key, (why, rev));
+    /// What `key` is on its own: None for one of ours (neither a peer nor
+    /// rejected), else its peers or why not.
+    fn own_verdict(&self, l: &Lease) -> Option<Result<Vec<Peer>, Rejection>> {
+        if self.is_ours(l) || l.attrs.names(&self.me.node_id, self.me.addr()) {
+            return None;
         }
-        for key in self.rejected.keys() {
-            if !rejected.contains_key(key) && self.leases.contains(key) {
+        Some(
+            check(&l.subnet, &l.attrs, &self.config, Some(&self.me)).map(|mut peers| {
+                for p in &mut peers {
+                    p.since = l.create_revision;
+                }
+                peers
+            }),
+        )
+    }
+
+    fn unindex(&mut self, key: &Arc<str>, peers: &[Peer]) {
+        for c in contended(peers) {
+            if let Some(v) = self.index.get_mut(&c) {
+                v.retain(|k| k != key);
+                if v.is_empty() {
+                    self.index.remove(&c);
+                }
+            }
+        }
+    }
+
+    fn set_rejected(&mut self, key: Arc<str>, why: Rejection, rev: i64) {
+        let logged = self
+            .rejected
+            .get(&key)
+            .is_some_and(|(w, r)| *w == why && *r == rev);
+        if !logged {
+            tracing::warn!(key = %key, reason = %why.name(), "rejecting lease: {why}");
+        }
+        *self.rejected_counts.entry(why.name()).or_default() += 1;
+        if let Some((old, _)) = self.rejected.insert(key, (why, rev)) {
+            *self.rejected_counts.entry(old.name()).or_default() -= 1;
+        }
+    }
+
+    fn clear_rejected(&mut self, key: &str, accepted: bool) {
+        if let Some((old, _)) = self.rejected.remove(key) {
+            *self.rejected_counts.entry(old.name()).or_default() -= 1;
+            if accepted {
                 tracing::info!(key = %key, "lease accepted after re-evaluation");
             }
         }
-        self.rejected = rejected;
-        let mut counts: BTreeMap<&'static str, u64> =
-            Rejection::REASONS.iter().map(|r| (*r, 0)).collect();
-        for (why, _) in self.rejected.values() {
-            *counts.entry(why.name()).or_default() += 1;
-        }
-        self.metrics.set_rejected(counts);
+    }
 
-        let mut updates: Vec<PeerUpdate> = self
-            .peers
+    /// Decides every lease again; returns what changed for the dataplane.
+    fn decide_all(&mut self) -> Vec<PeerUpdate> {
+        self.candidates.clear();
+        self.index.clear();
+        let keys: Vec<String> = self.leases.leases().map(|l| l.key.clone()).collect();
+        let stale: Vec<Arc<str>> = self
+            .rejected
             .keys()
-            .filter(|s| !d.accepted.contains_key(*s))
-            .map(|s| PeerUpdate::Remove(*s))
+            .filter(|k| !self.leases.contains(k))
+            .cloned()
             .collect();
-        updates.sort_by_key(|u| match u {
-            PeerUpdate::Remove(s) | PeerUpdate::Upsert(Peer { subnet: s, .. }) => *s,
-        });
-        let mut upserts: Vec<PeerUpdate> = d
-            .accepted
-            .values()
-            .filter(|p| self.peers.get(&p.subnet) != Some(*p))
-            .map(|p| PeerUpdate::Upsert(*p))
-            .collect();
-        upserts.sort_by_key(|u| match u {
-            PeerUpdate::Remove(s) | PeerUpdate::Upsert(Peer { subnet: s, .. }) => *s,
-        });
-        updates.extend(upserts);
-        self.peers = d.accepted;
+        for k in stale {
+            self.clear_rejected(&k, false);
+        }
+        let updates = self.decide_keys(keys.iter().map(String::as_str), true);
+        self.metrics.set_rejected(self.rejected_counts.clone());
         updates
     }
+
+    /// Decides the changed keys again, with every lease they contend with
+    /// (before or after the change), and theirs.
+    fn decide_changed(&mut self, changed: &[String]) -> Vec<PeerUpdate> {
+        if changed.is_empty() {
+            return Vec::new();
+        }
+        let updates = self.decide_keys(changed.iter().map(String::as_str), false);
+        self.metrics.set_rejected(self.rejected_counts.clone());
+        updates
+    }
+
+    /// Checks `keys` again, then orders every candidate they are connected
+    /// to through what they contend for (with `all`, every candidate), and
+    /// applies the verdicts.
+    fn decide_keys<'a>(
+        &mut self,
+        keys: impl Iterator<Item = &'a str>,
+        all: bool,
+    ) -> Vec<PeerUpdate> {
+        // What the component lost: subnets won before.
+        let mut was: HashMap<IpNet, Peer> = HashMap::new();
+        let mut seeds: Vec<Contended> = Vec::new();
+        for key in keys {
+            let key: Arc<str> = match self.candidates.get_key_value(key) {
+                Some((k, _)) => k.clone(),
+                None => Arc::from(key),
+            };
+            if let Some(old) = self.candidates.remove(&key) {
+                if old.won {
+                    was.extend(old.peers.iter().map(|p| (p.subnet, *p)));
+                }
+                seeds.extend(contended(&old.peers));
+                self.unindex(&key, &old.peers);
+            }
+            let verdict = self
+                .leases
+                .get(&key)
+                .and_then(|l| Some((self.own_verdict(l)?, l.mod_revision)));
+            match verdict {
+                Some((Ok(peers), _)) => {
+                    for c in contended(&peers) {
+                        self.index.entry(c).or_default().push(key.clone());
+                        seeds.push(c);
+                    }
+                    self.candidates
+                        .insert(key.clone(), Candidate { peers, won: false });
+                }
+                Some((Err(why), rev)) => self.set_rejected(key.clone(), why, rev),
+                None => self.clear_rejected(&key, false),
+            }
+        }
+        // The component: every candidate reachable through what is
+        // contended.
+        let mut component: HashSet<Arc<str>> = HashSet::new();
+        if all {
+            component.extend(self.candidates.keys().cloned());
+        } else {
+            let mut seen: HashSet<Contended> = HashSet::new();
+            let mut queue: VecDeque<Contended> = seeds.into_iter().collect();
+            while let Some(c) = queue.pop_front() {
+                if !seen.insert(c) {
+                    continue;
+                }
+                for k in self.index.get(&c).into_iter().flatten() {
+                    if component.insert(k.clone()) {
+                        queue.extend(contended(&self.candidates[k].peers));
+                    }
+                }
+            }
+        }
+        for k in &component {
+            let c = self.candidates.get_mut(k).expect("indexed");
+            if std::mem::take(&mut c.won) {
+                for p in &c.peers {
+                    was.insert(p.subnet, *p);
+                }
+            }
+        }
+        self.decided += component.len() as u64;
+        let d = order(
+            component.iter().map(|k| {
+                let l = self.leases.get(k).expect("a candidate is a known lease");
+                (l, self.candidates[k].peers.clone())
+            }),
+            self.held.as_ref().map(|h| h.subnet),
+        );
+        for (key, (why, rev)) in d.rejected {
+            let key = component
+                .get(key.as_str())
+                .expect("of the component")
+                .clone();
+            self.set_rejected(key, why, rev);
+        }
+        let mut now: HashMap<IpNet, Peer> = HashMap::new();
+        for key in d.winners {
+            let key = component
+                .get(key.as_str())
+                .expect("of the component")
+                .clone();
+            self.clear_rejected(&key, true);
+            let c = self.candidates.get_mut(&key).expect("a candidate");
+            c.won = true;
+            for p in &c.peers {
+                now.insert(p.subnet, *p);
+            }
+        }
+        self.diff(was, now, all)
+    }
+
+    /// The dataplane's changes from the subnets `was` (won before by what
+    /// was decided again) to `now`. With `all`, every peer not in `now`
+    /// goes.
+    fn diff(
+        &mut self,
+        was: HashMap<IpNet, Peer>,
+        now: HashMap<IpNet, Peer>,
+        all: bool,
+    ) -> Vec<PeerUpdate> {
+        let gone: Vec<IpNet> = if all {
+            self.peers
+                .keys()
+                .filter(|s| !now.contains_key(*s))
+                .copied()
+                .collect()
+        } else {
+            was.keys()
+                .filter(|s| !now.contains_key(*s))
+                .copied()
+                .collect()
+        };
+        let mut removes: Vec<IpNet> = gone
+            .into_iter()
+            .filter(|s| self.peers.remove(s).is_some())
+            .collect();
+        removes.sort();
+        let mut upserts: Vec<Peer> = now
+            .into_values()
+            .filter(|p| self.peers.get(&p.subnet) != Some(p))
+            .collect();
+        upserts.sort_by_key(|p| p.subnet);
+        for p in &upserts {
+            self.peers.insert(p.subnet, *p);
+        }
+        removes
+            .into_iter()
+            .map(PeerUpdate::Remove)
+            .chain(upserts.into_iter().map(PeerUpdate::Upsert))
+            .collect()
+    }
+}
+
+/// The verdict on a set of candidates.
+struct Order {
+    /// The keys whose peers are accepted.
+    winners: Vec<String>,
+    /// Rejected candidates by key, with the lease's mod revision.
+    rejected: Vec<(String, (Rejection, i64))>,
+}
+
+/// Orders candidates (leases that passed their own checks, with their
+/// peers): of two overlapping leases, and of two leases of different nodes
+/// with one PublicIP (or PublicIPv6, or WireGuard key), the older (lower
+/// create revision, then key) wins, so every node decides the same way.
+/// A lease is decided as a whole (both halves of a dual-stack lease, or
+/// neither). (Two leases of one node, or two flannel leases, may share a
+/// PublicIP: a node that moved to another subnet keeps its old lease until
+/// it expires.)
+fn order<'a>(
+    candidates: impl Iterator<Item = (&'a Lease, Vec<Peer>)>,
+    own: Option<Subnets>,
+) -> Order {
+    let mut candidates: Vec<(&Lease, Vec<Peer>)> = candidates.collect();
+    candidates
+        .sort_by(|(a, _), (b, _)| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+    let mut out = Order {
+        winners: Vec::new(),
+        rejected: Vec::new(),
+    };
+    // Accepted subnets all have the configured length and are aligned, so
+    // two overlap only when they are equal.
+    let mut winners: HashMap<IpNet, &str> = HashMap::new();
+    let mut vteps: HashMap<IpAddr, (&Option<String>, &str)> = HashMap::new();
+    let mut keys: HashMap<WgKey, (&Option<String>, IpAddr, &str)> = HashMap::new();
+    for (l, peers) in &candidates {
+        let verdict = peers.iter().find_map(|p| {
+            if own.is_some_and(|o| o.overlaps_net(&p.subnet)) {
+                Some(Rejection::OverlapsOwn)
+            } else if let Some(k) = winners.get(&p.subnet) {
+                Some(Rejection::OverlapsPeer(k.to_string()))
+            } else if let Some((node, k)) = vteps.get(&p.vtep)
+                && **node != l.attrs.node_id
+            {
+                Some(Rejection::PublicIpTaken(k.to_string()))
+            } else if let Some(key) = p.key
+                && let Some((node, vtep, k)) = keys.get(&key)
+                && (**node != l.attrs.node_id || (node.is_none() && *vtep != p.vtep))
+            {
+                // One key is one node: a second node with it would take
+                // the first one's traffic on the WireGuard device.
+                Some(Rejection::PublicKeyTaken(k.to_string()))
+            } else {
+                None
+            }
+        });
+        match verdict {
+            Some(r) => out.rejected.push((l.key.clone(), (r, l.mod_revision))),
+            None => {
+                for p in peers {
+                    winners.insert(p.subnet, &l.key);
+                    vteps.entry(p.vtep).or_insert((&l.attrs.node_id, &l.key));
+                    if let Some(key) = p.key {
+                        keys.entry(key)
+                            .or_insert((&l.attrs.node_id, p.vtep, &l.key));
+                    }
+                }
+                out.winners.push(l.key.clone());
+            }
+        }
+    }
+    out
 }
 
 /// The verdict on a set of leases.
 pub(crate) struct Decision {
-    pub(crate) accepted: HashMap<IpNet, Peer>,
     /// Rejected leases by key, with the lease's mod revision.
     pub(crate) rejected: HashMap<String, (Rejection, i64)>,
 }
 
-/// Decides which leases are peers. `me` (when known) and `own` are this
-/// node and its subnets; `is_ours` picks out our own key. Leases naming our
-/// node id and address are leftovers of ours: neither peers nor rejected.
-/// A lease is decided as a whole (both halves of a dual-stack lease, or
-/// neither). Of two overlapping leases, and of two leases of different
-/// nodes with one PublicIP (or PublicIPv6), the older (lower create
-/// revision, then key) wins, so every node decides the same way. (Two
-/// leases of one node, or two flannel leases, may share a PublicIP: a node
-/// that moved to another subnet keeps its old lease until it expires.)
+/// Decides which leases are rejected, all at once (`weft leases`). `me` (when
+/// known) and `own` are this node and its subnets; `is_ours` picks out our
+/// own key. Leases naming our node id and address are leftovers of ours:
+/// neither peers nor rejected.
 pub(crate) fn decide<'a>(
     leases: impl Iterator<Item = &'a Lease>,
     config: &NetworkConfig,
@@ -268,53 +572,8 @@ pub(crate) fn decide<'a>(
             }
         }
     }
-    candidates
-        .sort_by(|(a, _), (b, _)| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
-    // Accepted subnets all have the configured length and are aligned, so
-    // two overlap only when they are equal.
-    let mut accepted: HashMap<IpNet, Peer> = HashMap::new();
-    let mut winners: HashMap<IpNet, &str> = HashMap::new();
-    let mut vteps: HashMap<IpAddr, (&Option<String>, &str)> = HashMap::new();
-    let mut keys: HashMap<crate::wgkey::WgKey, (&Option<String>, IpAddr, &str)> = HashMap::new();
-    for (l, peers) in candidates {
-        let verdict = peers.iter().find_map(|p| {
-            if own.is_some_and(|o| o.overlaps_net(&p.subnet)) {
-                Some(Rejection::OverlapsOwn)
-            } else if let Some(k) = winners.get(&p.subnet) {
-                Some(Rejection::OverlapsPeer(k.to_string()))
-            } else if let Some((node, k)) = vteps.get(&p.vtep)
-                && **node != l.attrs.node_id
-            {
-                Some(Rejection::PublicIpTaken(k.to_string()))
-            } else if let Some(key) = p.key
-                && let Some((node, vtep, k)) = keys.get(&key)
-                && (**node != l.attrs.node_id || (node.is_none() && *vtep != p.vtep))
-            {
-                // One key is one node: a second node with it would take
-                // the first one's traffic on the WireGuard device.
-                Some(Rejection::PublicKeyTaken(k.to_string()))
-            } else {
-                None
-            }
-        });
-        match verdict {
-            Some(r) => {
-                rejected.insert(l.key.clone(), (r, l.mod_revision));
-            }
-            None => {
-                for p in peers {
-                    winners.insert(p.subnet, &l.key);
-                    vteps.entry(p.vtep).or_insert((&l.attrs.node_id, &l.key));
-                    if let Some(key) = p.key {
-                        keys.entry(key)
-                            .or_insert((&l.attrs.node_id, p.vtep, &l.key));
-                    }
-                    accepted.insert(p.subnet, p);
-                }
-            }
-        }
-    }
-    Decision { accepted, rejected }
+    rejected.extend(order(candidates.into_iter(), own).rejected);
+    Decision { rejected }
 }
 
 #[cfg(test)]
@@ -450,7 +709,10 @@ mod tests {
             ["10.5.2.0/24", "10.5.3.0/24"],
             "one node's two leases"
         );
-        assert_eq!(v.rejected[&intruder.key].0.name(), "public_ip_taken");
+        assert_eq!(
+            v.rejected[intruder.key.as_str()].0.name(),
+            "public_ip_taken"
+        );
     }
 
     #[test]
@@ -487,5 +749,118 @@ mod tests {
             names.into_iter().collect::<Vec<_>>(),
             ["outside_network", "overlaps_own", "public_ip"]
         );
+    }
+
+    /// The peers and rejections `decide` (every lease at once) gives.
+    fn from_scratch(v: &LeaseView) -> (Vec<Peer>, Vec<(String, String)>) {
+        let mut fresh = LeaseView::new("/p/subnets/", cfg(), me(), Arc::new(Metrics::default()));
+        if let Some(h) = &v.held {
+            fresh.set_held(h);
+        }
+        let all: Vec<LeaseEvent> = v.leases.leases().cloned().map(LeaseEvent::Added).collect();
+        fresh.apply_changes(all);
+        snapshot_of(&fresh)
+    }
+
+    fn snapshot_of(v: &LeaseView) -> (Vec<Peer>, Vec<(String, String)>) {
+        let mut peers: Vec<Peer> = v.peers.values().copied().collect();
+        peers.sort_by_key(|p| p.subnet);
+        let mut rejected: Vec<(String, String)> = v
+            .rejected
+            .iter()
+            .map(|(k, (why, _))| (k.to_string(), why.to_string()))
+            .collect();
+        rejected.sort();
+        (peers, rejected)
+    }
+
+    /// Thousands of random changes among leases that contend for a few
+    /// subnets and addresses: deciding only what a change touches gives,
+    /// after every batch, exactly what deciding everything again gives.
+    #[test]
+    fn deciding_what_changed_equals_deciding_everything() {
+        use rand::{Rng as _, SeedableRng as _};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut v = view();
+        v.set_held(&held(&lease("10.5.1.0/24", [198, 18, 0, 1], "me", 1)));
+        let mut rev = 10;
+        for round in 0..3000 {
+            let mut batch = Vec::new();
+            for _ in 0..rng.random_range(1..4) {
+                rev += 1;
+                // Few subnets, addresses and nodes: many contend.
+                let subnet = format!("10.5.{}.0/24", rng.random_range(1..8));
+                let ip = [198, 18, 0, rng.random_range(1..7)];
+                let node = ["a", "b", "c", "me"][rng.random_range(0..4)];
+                let key = format!("/p/subnets/k{}", rng.random_range(0..12));
+                let mut l = lease(&subnet, ip, node, rev);
+                l.key = key.clone();
+                l.create_revision = v.leases.get(&key).map_or(rev, |o| o.create_revision);
+                if rng.random_bool(0.3) {
+                    if let Some(old) = v.leases.get(&key) {
+                        batch.push(LeaseEvent::Removed(old.clone()));
+                    }
+                } else {
+                    match v.leases.get(&key) {
+                        Some(old) => batch.push(LeaseEvent::Changed {
+                            old: old.clone(),
+                            new: l,
+                        }),
+                        None => batch.push(LeaseEvent::Added(l)),
+                    }
+                }
+                // Each event seen by the cache before the next is drawn.
+                if let Some(ev) = batch.last() {
+                    v.leases.record(ev);
+                }
+            }
+            v.apply_changes(batch);
+            assert_eq!(snapshot_of(&v), from_scratch(&v), "after round {round}");
+        }
+    }
+
+    /// A lease put and deleted again and again beside 5,000 others costs
+    /// the work of the few it contends with, not of all 5,000.
+    #[test]
+    fn a_change_decides_only_what_it_contends_with() {
+        let mut v = view();
+        v.set_held(&held(&lease("10.5.1.0/24", [198, 18, 0, 1], "me", 1)));
+        let big = NetworkConfig::parse(
+            br#"{"Network":"10.0.0.0/8","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#,
+        )
+        .unwrap();
+        v.config = big;
+        let mut all = Vec::new();
+        for i in 0..5000u32 {
+            let n = i + 2000;
+            let mut l = lease(
+                "10.5.2.0/24",
+                [198, 19, (n >> 8) as u8, n as u8],
+                &format!("n{i}"),
+                10 + i as i64,
+            );
+            let subnet: ipnet::Ipv4Net =
+                format!("10.{}.{}.0/24", n >> 8, n & 0xff).parse().unwrap();
+            l.subnet = Subnets::v4(subnet);
+            l.key = format!("/p/subnets/{}", crate::lease::key::to_key(&subnet));
+            all.push(LeaseEvent::Added(l));
+        }
+        all.push(LeaseEvent::Synced { revision: 6000 });
+        let o = v.apply_changes(all);
+        assert_eq!(o.updates.len(), 5000);
+        let before = v.decided;
+        let churn = lease("10.200.0.0/24", [198, 20, 0, 1], "x", 7000);
+        for _ in 0..100 {
+            let o = v.apply_changes(vec![LeaseEvent::Added(churn.clone())]);
+            assert_eq!(o.updates.len(), 1);
+            let o = v.apply_changes(vec![LeaseEvent::Removed(churn.clone())]);
+            assert_eq!(o.updates.len(), 1);
+        }
+        assert!(
+            v.decided - before <= 200,
+            "{} leases decided for 200 changes",
+            v.decided - before
+        );
+        assert_eq!(v.peers.len(), 5000);
     }
 }

@@ -38,8 +38,15 @@ pub(crate) struct Metrics {
     /// Connections to etcd made again (TLS files changed, SIGHUP): made,
     /// failed (the current connection kept).
     etcd_reconnects: [AtomicU64; 2],
-    watch_resyncs: AtomicU64,
+    watch_lists: AtomicU64,
+    watch_resumes: AtomicU64,
     malformed_leases: AtomicU64,
+    /// Keys of the last list that held no lease: no subnet key, no lease
+    /// value.
+    skipped_keys: [AtomicU64; 2],
+    /// The lease watch's stream is open (false from its break until it
+    /// hears from etcd again).
+    watch_open: AtomicBool,
     leases_lost: AtomicU64,
     out_of_subnets: AtomicU64,
     lease_changes_applied: AtomicU64,
@@ -123,12 +130,30 @@ impl Metrics {
     pub(crate) fn inc_etcd_reconnect(&self, ok: bool) {
         self.etcd_reconnects[usize::from(!ok)].fetch_add(1, Relaxed);
     }
-    pub(crate) fn inc_watch_resync(&self) {
-        self.watch_resyncs.fetch_add(1, Relaxed);
+    /// The watch read the whole prefix (and is current as of it).
+    pub(crate) fn watch_listed(&self) {
+        self.watch_lists.fetch_add(1, Relaxed);
+        self.watch_confirmed();
     }
-    pub(crate) fn inc_malformed_lease(&self) {
-        self.malformed_leases.fetch_add(1, Relaxed);
+    pub(crate) fn inc_watch_resume(&self) {
+        self.watch_resumes.fetch_add(1, Relaxed);
     }
+    /// The watch's stream broke: not current until it hears again.
+    pub(crate) fn watch_broken(&self) {
+        self.watch_open.store(false, Relaxed);
+    }
+    /// Whether the watch's stream is open and has heard from etcd.
+    pub(crate) fn watch_open(&self) -> bool {
+        self.watch_open.load(Relaxed)
+    }
+    pub(crate) fn inc_malformed_leases(&self, n: u64) {
+        self.malformed_leases.fetch_add(n, Relaxed);
+    }
+    pub(crate) fn set_skipped_keys(&self, keys: u64, values: u64) {
+        self.skipped_keys[0].store(keys, Relaxed);
+        self.skipped_keys[1].store(values, Relaxed);
+    }
+
     pub(crate) fn inc_lease_lost(&self) {
         self.leases_lost.fetch_add(1, Relaxed);
     }
@@ -157,10 +182,6 @@ impl Metrics {
     pub(crate) fn lease_held(&self) -> bool {
         self.lease_held.load(Relaxed)
     }
-    #[cfg(test)]
-    pub(crate) fn malformed_leases(&self) -> u64 {
-        self.malformed_leases.load(Relaxed)
-    }
     pub(crate) fn set_rejected(&self, by_reason: BTreeMap<&'static str, u64>) {
         *self.rejected.lock().expect("metrics lock") = by_reason;
     }
@@ -183,11 +204,21 @@ impl Metrics {
     }
     pub(crate) fn watch_confirmed(&self) {
         self.watch_confirmed_ms.store(now_ms(), Relaxed);
+        self.watch_open.store(true, Relaxed);
     }
-    /// How long since the watch last knew it was current (None: never).
+    /// How long since the watch last knew it was current (None: never):
+    /// 0 while its stream is open (a quiet watch is current: the
+    /// connection's keep-alives and its progress requests end a stream
+    /// that is not), else the time since it last heard from etcd.
     pub(crate) fn watch_lag(&self) -> Option<Duration> {
         let at = self.watch_confirmed_ms.load(Relaxed);
-        (at > 0).then(|| Duration::from_millis((now_ms() - at).max(0) as u64))
+        if at <= 0 {
+            return None;
+        }
+        if self.watch_open() {
+            return Some(Duration::ZERO);
+        }
+        Some(Duration::from_millis((now_ms() - at).max(0) as u64))
     }
     pub(crate) fn set_watch_member(&self, id: u64) {
         self.watch_member.store(id, Relaxed);

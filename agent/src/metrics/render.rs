@@ -62,13 +62,18 @@ impl Metrics {
                 &self.etcd_errors,
             ),
             (
-                "weft_watch_resyncs_total",
-                "Times the lease watch restarted from a fresh list.",
-                &self.watch_resyncs,
+                "weft_watch_lists_total",
+                "Full lists of the subnets prefix by the lease watch: the first (unless a restart resumed from the leases kept), and one after each compaction of the history the watch needed.",
+                &self.watch_lists,
+            ),
+            (
+                "weft_watch_resumes_total",
+                "Times the lease watch started again after the last revision it had delivered (etcd restarted, a leader change, a member out of rotation), without a list.",
+                &self.watch_resumes,
             ),
             (
                 "weft_malformed_leases_total",
-                "Lease keys or values skipped as malformed.",
+                "Keys under the subnets prefix skipped because they hold no lease (in lists and in the watch's changes).",
                 &self.malformed_leases,
             ),
             (
@@ -156,9 +161,17 @@ impl Metrics {
         );
         e.gauge(
             "weft_etcd_watch_lag_seconds",
-            "Seconds since the lease watch last knew it was current (an event, a progress notification or a list); -1 before the first.",
+            "Seconds since the lease watch last knew it was current: 0 while its stream is open, else since it last heard from etcd (an event, a progress notification or a list); -1 before the first.",
             self.watch_lag().map_or(-1.0, |d| d.as_secs_f64()),
         );
+        let mut f = e.family(
+            "weft_etcd_skipped_keys",
+            Kind::Gauge,
+            "Keys under the subnets prefix that held no lease in the watch's last list, by reason (key: it names no subnet; value: its value is no lease).",
+        );
+        for (i, reason) in ["key", "value"].into_iter().enumerate() {
+            f.sample(&[("reason", &reason)], self.skipped_keys[i].load(Relaxed));
+        }
         let mut f = e.family(
             "weft_etcd_watch_member",
             Kind::Gauge,
@@ -171,7 +184,7 @@ impl Metrics {
         let mut f = e.family(
             "weft_etcd_endpoint_healthy",
             Kind::Gauge,
-            "1 for an etcd endpoint that answers with a leader and is in the client's rotation (checked every 2 s with several endpoints).",
+            "1 for an etcd endpoint that answers with a leader and is in the client's rotation (checked, with several endpoints, when a request or the watch fails, and again while one is out).",
         );
         for (ep, up) in self.etcd_members.lock().expect("metrics lock").iter() {
             f.sample(&[("endpoint", ep)], u8::from(*up));

@@ -191,8 +191,25 @@ fn agent(r: &Report) {
             println!("  {}: {}", shown(&e.owner), shown(&e.why));
         }
     }
+    if r.skipped_keys > 0 {
+        println!(
+            "\nKeys under the subnets prefix that hold no lease ({}), skipped",
+            r.skipped_keys
+        );
+        for (key, why) in &r.skipped_examples {
+            println!("  {}: {}", shown(key), shown(why));
+        }
+    }
     if !r.rejected.is_empty() {
-        println!("\nLeases rejected ({})", r.rejected.len());
+        let total = r.rejected_total.max(r.rejected.len());
+        if total > r.rejected.len() {
+            println!(
+                "\nLeases rejected ({total}; the first {} by key)",
+                r.rejected.len()
+            );
+        } else {
+            println!("\nLeases rejected ({total})");
+        }
         for l in &r.rejected {
             println!("  {} ({}): {}", shown(&l.key), l.reason, shown(&l.detail));
         }

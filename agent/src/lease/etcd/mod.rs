@@ -22,7 +22,7 @@ use etcd_client::{
     TxnOpResponse,
 };
 
-use super::store::{Compare, KeyValue, Listing, Op, Store, StoreError, TxnOutcome};
+use super::store::{Compare, KeyValue, Listing, Op, Page, Store, StoreError, TxnOutcome};
 
 mod streams;
 
@@ -346,63 +346,42 @@ impl EtcdStore {
         Ok(())
     }
 
-    /// Reads `prefix` page by page, all pages at the revision of the first
-    /// (so the result is one consistent read). `first` is a page already
-    /// read (by a transaction), to continue from.
-    async fn list_pages(
-        &self,
-        prefix: &str,
-        mut first: Option<(i64, Vec<KeyValue>, bool)>,
-    ) -> Result<Listing, StoreError> {
+    /// One page of `prefix` from `from` on, at `revision` (0: the current
+    /// one). A page too large for one gRPC message (a few junk values of
+    /// etcd's 1.5 MiB maximum) is asked for again with half as many keys,
+    /// down to one.
+    async fn page(&self, prefix: &str, from: &[u8], revision: i64) -> Result<Page, StoreError> {
         let end = prefix_end(prefix);
-        let mut kvs = Vec::new();
-        let mut revision = 0;
-        let mut from: Vec<u8> = prefix.as_bytes().to_vec();
         let mut limit = LIST_PAGE;
         loop {
-            let (rev, page, more) = match first.take() {
-                Some(p) => p,
-                None => {
-                    self.count();
-                    // Ranges come in key order.
-                    let mut o = GetOptions::new().with_range(end.clone()).with_limit(limit);
-                    if revision > 0 {
-                        o = o.with_revision(revision);
-                    }
-                    let resp = match self.client().get(from.clone(), Some(o)).await {
-                        Ok(r) => r,
-                        Err(e) if too_large(&e) && limit > 1 => {
-                            limit = (limit / 2).max(1);
-                            tracing::warn!(
-                                prefix,
-                                limit,
-                                "a page of the prefix is larger than a gRPC message (junk values?); reading fewer keys per page"
-                            );
-                            continue;
-                        }
-                        Err(e) => return Err(store_error(e)),
-                    };
-                    (
-                        resp.header().map(|h| h.revision()).unwrap_or_default(),
-                        resp.kvs().iter().map(to_kv).collect(),
-                        resp.more(),
-                    )
-                }
-            };
-            if revision == 0 {
-                revision = rev;
+            self.count();
+            // Ranges come in key order.
+            let mut o = GetOptions::new().with_range(end.clone()).with_limit(limit);
+            if revision > 0 {
+                o = o.with_revision(revision);
             }
-            let last = page.last().map(|kv: &KeyValue| kv.key.clone());
-            kvs.extend(page);
-            match (more, last) {
-                (true, Some(last)) => {
-                    from = last.into_bytes();
-                    from.push(0);
+            match self.client().get(from.to_vec(), Some(o)).await {
+                Ok(resp) => {
+                    let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+                    let mut page = page_of(
+                        if revision > 0 { revision } else { rev },
+                        resp.kvs(),
+                        resp.more(),
+                    );
+                    page.cluster = resp.header().map(|h| h.cluster_id()).unwrap_or_default();
+                    return Ok(page);
                 }
-                _ => break,
+                Err(e) if too_large(&e) && limit > 1 => {
+                    limit = (limit / 2).max(1);
+                    tracing::warn!(
+                        prefix,
+                        limit,
+                        "a page of the prefix is larger than a gRPC message (junk values?); reading fewer keys per page"
+                    );
+                }
+                Err(e) => return Err(store_error(e)),
             }
         }
-        Ok(Listing { revision, kvs })
     }
 
     /// The seconds left of an etcd lease; None once it has expired.
@@ -467,6 +446,19 @@ async fn connect_client(opts: &EtcdOptions, with_user: bool) -> Result<Client> {
         .with_context(|| format!("connecting to etcd at {}", opts.endpoints.join(",")))
 }
 
+/// A page of a range's keys; its cursor from the last key's raw bytes.
+fn page_of(revision: i64, kvs: &[etcd_client::KeyValue], more: bool) -> Page {
+    let mut next = kvs.last().map(|kv| kv.key().to_vec()).unwrap_or_default();
+    next.push(0);
+    Page {
+        revision,
+        cluster: 0,
+        kvs: kvs.iter().map(to_kv).collect(),
+        more: more && !kvs.is_empty(),
+        next,
+    }
+}
+
 pub(crate) fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
     let key = match kv.key() {
         k if k.len() > MAX_KEY_BYTES => format!(
@@ -492,7 +484,25 @@ impl Store for EtcdStore {
     type KeepAlive = streams::EtcdKeepAlive;
 
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
-        self.list_pages(prefix, None).await
+        let mut listing = Listing::default();
+        let mut page = self.page(prefix, prefix.as_bytes(), 0).await?;
+        listing.revision = page.revision;
+        loop {
+            listing.kvs.append(&mut page.kvs);
+            if !page.more {
+                return Ok(listing);
+            }
+            page = self.page(prefix, &page.next, listing.revision).await?;
+        }
+    }
+
+    async fn list_page(
+        &self,
+        prefix: &str,
+        from: &[u8],
+        revision: i64,
+    ) -> Result<Page, StoreError> {
+        self.page(prefix, from, revision).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
@@ -542,37 +552,47 @@ impl Store for EtcdStore {
             // put's or a delete's is a few bytes): the transaction failed,
             // and the listing is read page by page instead.
             Err(e) if too_large(&e) && else_list.is_some() => {
-                let listing = self.list_pages(else_list.unwrap_or_default(), None).await?;
+                let prefix = else_list.unwrap_or_default();
+                let first = self.page(prefix, prefix.as_bytes(), 0).await?;
                 return Ok(TxnOutcome {
                     succeeded: false,
-                    revision: listing.revision,
-                    listing: Some(listing),
+                    revision: first.revision,
+                    listing: Some(first),
                 });
             }
             Err(e) => return Err(store_error(e)),
         };
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
-        let first = if resp.succeeded() {
+        let listing = if resp.succeeded() {
             None
         } else {
             resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(g) => Some((
-                    revision,
-                    g.kvs().iter().map(to_kv).collect::<Vec<_>>(),
-                    g.more(),
-                )),
+                TxnOpResponse::Get(g) => Some(page_of(revision, g.kvs(), g.more())),
                 _ => None,
             })
-        };
-        let listing = match (first, else_list) {
-            (Some(first), Some(prefix)) => Some(self.list_pages(prefix, Some(first)).await?),
-            _ => None,
         };
         Ok(TxnOutcome {
             succeeded: resp.succeeded(),
             revision,
             listing,
         })
+    }
+
+    async fn holds_revision(&self, key: &str, revision: i64) -> Result<Option<u64>, StoreError> {
+        self.count();
+        let o = GetOptions::new().with_revision(revision).with_count_only();
+        match self.client().get(key, Some(o)).await {
+            Ok(r) => Ok(Some(r.header().map(|h| h.cluster_id()).unwrap_or_default())),
+            // Compacted away, or a revision this etcd has not reached (its
+            // data restored from an older backup): a list it is.
+            Err(etcd_client::Error::GRpcStatus(s))
+                if s.code() == tonic::Code::OutOfRange
+                    && (s.message().contains("compacted") || s.message().contains("future")) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(store_error(e)),
+        }
     }
 
     async fn grant(&self, ttl: i64) -> Result<i64, StoreError> {

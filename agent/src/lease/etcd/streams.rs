@@ -26,9 +26,13 @@ impl EtcdWatch {
         let mut generation = store.generation();
         generation.mark_unchanged();
         // No previous values: the lease cache holds what a deleted key held.
+        // The server's own timed progress notifications (etcd's
+        // --experimental-watch-progress-notify-interval, 10 min by
+        // default) say how far a quiet watch has come, at no cost to it.
         let opts = WatchOptions::new()
             .with_prefix()
-            .with_start_revision(revision);
+            .with_start_revision(revision)
+            .with_progress_notify();
         let stream = store
             .client()
             .watch(prefix, Some(opts))
@@ -52,7 +56,7 @@ impl WatchStream for EtcdWatch {
         };
         let Some(resp) = resp else { return Ok(None) };
         if resp.compact_revision() > 0 {
-            return Ok(Some(WatchResponse::Restart(format!(
+            return Ok(Some(WatchResponse::Compacted(format!(
                 "revision {} was compacted (oldest kept: {})",
                 self.from,
                 resp.compact_revision()
@@ -78,8 +82,20 @@ impl WatchStream for EtcdWatch {
                 })
             })
             .collect();
+        // The watch's creation, and a reply to a progress request (sent to
+        // every watch of the stream, id -1; before etcd 3.4.25 possibly
+        // ahead of changes the watch still holds), prove the stream alive
+        // but not how far it has come. Changes, and the server's timed
+        // progress notifications (sent only to a watch that is current),
+        // do.
+        let revision = if resp.created() || resp.watch_id() < 0 {
+            0
+        } else {
+            resp.header().map(|h| h.revision()).unwrap_or_default()
+        };
         Ok(Some(WatchResponse::Events {
             events,
+            revision,
             member: resp.header().map(|h| h.member_id()).unwrap_or_default(),
         }))
     }

@@ -270,7 +270,12 @@ impl Netlink {
         // RT_SCOPE_NOWHERE (what `ip route del` sends), and an IPv4 device
         // route is scope link.
         msg.header.scope = RouteScope::NoWhere;
-        match self.handle.route().del(msg).execute().await {
+        super::events::removing(route.dst, route.prefix_len);
+        let r = self.handle.route().del(msg).execute().await;
+        if r.is_err() {
+            super::events::not_removed(route.dst, route.prefix_len);
+        }
+        match r {
             Ok(()) => Ok(()),
             Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
             Err(e) => Err(e).with_context(|| {
