@@ -69,16 +69,27 @@ pub fn served(ns: &Netns, method: &str) -> Result<f64> {
     Ok(count(&body, "grpc_server_started_total", method))
 }
 
-/// Messages etcd received on its streams and as unary requests, of every
-/// method (`grpc_server_msg_received_total`).
-pub fn messages_received(ns: &Netns) -> Result<f64> {
-    let ip = ETCD_IP.parse()?;
+/// Messages the etcd member at `ip` (reached from `ns`) received and sent,
+/// on its streams and as unary requests, of every method
+/// (`grpc_server_msg_received_total`, `grpc_server_msg_sent_total`).
+pub fn messages(ns: &Netns, ip: std::net::Ipv4Addr) -> Result<(f64, f64)> {
     let (_, body) = crate::weft_cluster::http_get(ns, ip, 2379, "/metrics")?;
-    Ok(body
-        .lines()
-        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+    let sum = |family: &str| -> f64 {
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    Ok((
+        sum("grpc_server_msg_received_total"),
+        sum("grpc_server_msg_sent_total"),
+    ))
+}
+
+/// Requests of `method` the etcd member at `ip` (reached from `ns`) began.
+pub fn served_at(ns: &Netns, ip: std::net::Ipv4Addr, method: &str) -> Result<f64> {
+    let (_, body) = crate::weft_cluster::http_get(ns, ip, 2379, "/metrics")?;
+    Ok(count(&body, "grpc_server_started_total", method))
 }
 
 fn count(body: &str, family: &str, method: &str) -> f64 {
@@ -87,4 +98,36 @@ fn count(body: &str, family: &str, method: &str) -> f64 {
         .filter(|l| l.contains(&format!("grpc_method=\"{method}\"")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// Every key under `prefix` with its mod revision, read from `endpoints`
+/// (comma separated) from inside `ns`.
+pub fn revisions(
+    ns: &Netns,
+    endpoints: &str,
+    prefix: &str,
+) -> Result<std::collections::BTreeMap<String, i64>> {
+    let endpoints: Vec<String> = endpoints.split(',').map(str::to_string).collect();
+    let prefix = prefix.to_string();
+    ns.run(move || -> Result<std::collections::BTreeMap<String, i64>> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let mut client = etcd_client::Client::connect(endpoints, None).await?;
+            let resp = client
+                .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+                .await?;
+            Ok(resp
+                .kvs()
+                .iter()
+                .map(|kv| {
+                    (
+                        String::from_utf8_lossy(kv.key()).into_owned(),
+                        kv.mod_revision(),
+                    )
+                })
+                .collect())
+        })
+    })?
 }

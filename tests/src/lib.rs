@@ -15,6 +15,7 @@ pub mod dual;
 pub mod etcd;
 pub mod etcd_cluster;
 pub mod etcd_fill;
+pub mod etcd_proxy;
 pub mod flood;
 pub mod forwarded;
 pub mod iperf;
