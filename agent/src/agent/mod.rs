@@ -46,9 +46,10 @@ use crate::{
     report::{self, Report, Reporter},
 };
 
-/// Changes that arrive within this long of the first are applied as one
-/// batch (each key's last change): a trickle costs one decision per
-/// window, not one per change.
+/// A change that arrives within this long of the last batch waits this
+/// long for others, and they are applied as one batch (each key's last
+/// change): a trickle costs one decision per window, not one per change.
+/// A change after a quiet while goes through at once.
 const BATCH_WINDOW: Duration = Duration::from_millis(50);
 /// A batch this large was a burst: what decoding it took is given back.
 const BATCH_BURST: usize = 64;
@@ -158,6 +159,7 @@ impl Agent {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;
         let mut heal_at: Option<tokio::time::Instant> = None;
+        let mut last_batch: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -211,9 +213,12 @@ impl Agent {
                     self.report();
                 }
                 () = self.inbox.wait() => {
-                    // Let the rest of a trickle or a burst arrive, then
-                    // take each key's last change at once.
-                    tokio::time::sleep(BATCH_WINDOW).await;
+                    // In a trickle, let the rest of it arrive, then take
+                    // each key's last change at once.
+                    if last_batch.is_some_and(|t: tokio::time::Instant| t.elapsed() < 2 * BATCH_WINDOW) {
+                        tokio::time::sleep(BATCH_WINDOW).await;
+                    }
+                    last_batch = Some(tokio::time::Instant::now());
                     let batch = self.inbox.take();
                     let large = batch.changes.len() >= BATCH_BURST || batch.snapshot.is_some();
                     if let Some(lost) = self.on_batch(batch).await?
@@ -225,7 +230,7 @@ impl Agent {
                         // What decoding a burst took is free again.
                         crate::sys::memory::give_back();
                     }
-                    self.report();
+                    self.report_batch();
                 }
                 () = self.holder.expired(), if acquiring.is_none() => {
                     *acquiring = Some(self.relocate("etcd expired our lease", None));

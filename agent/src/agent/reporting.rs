@@ -8,16 +8,26 @@ pub(super) struct Reporting {
     pub(super) reporter: Reporter,
     /// The kernel's features, as probed at start (None: no dataplane).
     pub(super) kernel: Option<report::Kernel>,
-    /// When the status report was last built (the loop's 1 s tick builds
-    /// it again).
+    /// When the status report was last built (a lease batch within
+    /// `REPORT_EVERY` of it leaves the report to the loop's next tick).
     pub(super) built: Option<std::time::Instant>,
 }
 
-/// The status report is built at most this often (its peers' health and
-/// rejected leases cost a walk of thousands): a burst of lease changes
-/// makes one report, not one per batch. Readiness and the metrics are
-/// kept at once.
+/// Lease batches build the status report at most this often (its peers'
+/// health and rejected leases cost a walk of thousands): a burst of lease
+/// changes makes one report, not one per batch, and the next tick writes
+/// what the burst left. Everything else (the tick, the node's own events,
+/// a readiness change) builds it at once; the metrics are always kept.
 const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What made the report.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// The tick or one of the node's own events.
+    Event,
+    /// A batch of lease changes.
+    Batch,
+}
 
 impl Agent {
     /// The wireguard backend's peers, read from the kernel, to the
@@ -57,7 +67,6 @@ impl Agent {
         self.metrics.set_wireguard(m);
     }
 
-    /// Metrics and the status report, from the current state.
     /// The first rejected leases by key (a few thousand junk keys must not
     /// make every report that large).
     fn rejected_shown(&self) -> Vec<report::RejectedLease> {
@@ -74,7 +83,18 @@ impl Agent {
             .collect()
     }
 
+    /// Metrics and the status report, from the current state.
     pub(super) fn report(&mut self) {
+        self.report_as(Why::Event);
+    }
+
+    /// After a batch of lease changes: the report waits for the tick when
+    /// one was built within `REPORT_EVERY`.
+    pub(super) fn report_batch(&mut self) {
+        self.report_as(Why::Batch);
+    }
+
+    fn report_as(&mut self, why: Why) {
         let problems = self.dataplane.problems();
         let mut counts: BTreeMap<&'static str, u64> =
             ProblemKind::ALL.iter().map(|k| (k.name(), 0)).collect();
@@ -116,7 +136,8 @@ impl Agent {
                 p.verified,
             );
         }
-        if ready != was
+        if why == Why::Event
+            || ready != was
             || self
                 .reporting
                 .built
