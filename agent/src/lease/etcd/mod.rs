@@ -11,7 +11,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc, RwLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicI64, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -52,6 +52,25 @@ const SYSTEM_ROOTS: [&str; 3] = [
 /// page too large for one gRPC message (a few junk values of etcd's
 /// 1.5 MiB maximum) is asked for again with half as many keys, down to one.
 pub(crate) const LIST_PAGE: i64 = 1000;
+
+/// What a page should weigh: the next page asks for as many keys as the
+/// last one's would make this many bytes (at most [`LIST_PAGE`], at least
+/// one). etcd builds a response whole before the client can refuse it, so
+/// a prefix of large junk values must not be asked for 1,000 at a time
+/// on every page; three quarters of the client's 4 MiB message keep a
+/// page of leases (or of 4 KB junk) as large as ever.
+const PAGE_BYTES: usize = 3 << 20;
+
+/// The keys to ask for after a page whose `n` keys weighed `bytes`.
+fn keys_for(n: usize, bytes: usize) -> i64 {
+    if n == 0 {
+        return LIST_PAGE;
+    }
+    let each = (bytes / n).max(1);
+    i64::try_from(PAGE_BYTES / each)
+        .unwrap_or(LIST_PAGE)
+        .clamp(1, LIST_PAGE)
+}
 
 /// Lease values larger than this are malformed (a real one is 200 to 400
 /// bytes). Only this much (and one byte more, to tell) of any value is
@@ -234,6 +253,8 @@ pub struct EtcdStore {
     /// The digest of the TLS files as the current client read them (taken
     /// before reading, so a change racing the read is seen again later).
     tls_read: Arc<std::sync::Mutex<Option<u64>>>,
+    /// How many keys the next page asks for ([`keys_for`] of the last).
+    page_keys: Arc<AtomicI64>,
 }
 
 impl EtcdStore {
@@ -250,6 +271,7 @@ impl EtcdStore {
             requests: Arc::new(AtomicU64::new(0)),
             generation: Arc::new(tokio::sync::watch::channel(0).0),
             tls_read: Arc::new(std::sync::Mutex::new(digest)),
+            page_keys: Arc::new(AtomicI64::new(LIST_PAGE)),
         })
     }
 
@@ -262,7 +284,8 @@ impl EtcdStore {
         metrics: &crate::metrics::Metrics,
     ) -> Result<Self> {
         opts.validate()?;
-        let mut failures = 0;
+        let mut retry = crate::backoff::Retry::new(crate::backoff::ETCD);
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_os_rng();
         loop {
             match Self::connect(opts).await {
                 Ok(s) => return Ok(s),
@@ -278,8 +301,7 @@ impl EtcdStore {
                 }
                 Err(e) => {
                     metrics.inc_etcd_error();
-                    failures += 1;
-                    let wait = crate::backoff::Backoff::RETRY.delay(failures);
+                    let wait = retry.failed(0, &mut rng);
                     tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot connect to etcd; waiting for it");
                     tokio::time::sleep(wait).await;
                 }
@@ -347,12 +369,13 @@ impl EtcdStore {
     }
 
     /// One page of `prefix` from `from` on, at `revision` (0: the current
-    /// one). A page too large for one gRPC message (a few junk values of
-    /// etcd's 1.5 MiB maximum) is asked for again with half as many keys,
-    /// down to one.
+    /// one), of as many keys as the last page's size says fit in
+    /// [`PAGE_BYTES`]. A page too large for one gRPC message (a few junk
+    /// values of etcd's 1.5 MiB maximum) is asked for again with half as
+    /// many keys, down to one.
     async fn page(&self, prefix: &str, from: &[u8], revision: i64) -> Result<Page, StoreError> {
         let end = prefix_end(prefix);
-        let mut limit = LIST_PAGE;
+        let mut limit = self.page_keys.load(Ordering::Relaxed);
         loop {
             self.count();
             // Ranges come in key order.
@@ -362,6 +385,7 @@ impl EtcdStore {
             }
             match self.client().get(from.to_vec(), Some(o)).await {
                 Ok(resp) => {
+                    self.weighed(resp.kvs());
                     let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
                     let mut page = page_of(
                         if revision > 0 { revision } else { rev },
@@ -373,6 +397,7 @@ impl EtcdStore {
                 }
                 Err(e) if too_large(&e) && limit > 1 => {
                     limit = (limit / 2).max(1);
+                    self.page_keys.store(limit, Ordering::Relaxed);
                     tracing::warn!(
                         prefix,
                         limit,
@@ -382,6 +407,13 @@ impl EtcdStore {
                 Err(e) => return Err(store_error(e)),
             }
         }
+    }
+
+    /// The next page's size, from what this one's keys weighed.
+    fn weighed(&self, kvs: &[etcd_client::KeyValue]) {
+        let bytes = kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum();
+        self.page_keys
+            .store(keys_for(kvs.len(), bytes), Ordering::Relaxed);
     }
 
     /// The seconds left of an etcd lease; None once it has expired.
@@ -543,7 +575,11 @@ impl Store for EtcdStore {
             // same revision.
             txn = txn.or_else(vec![TxnOp::get(
                 prefix,
-                Some(GetOptions::new().with_prefix().with_limit(LIST_PAGE)),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_limit(self.page_keys.load(Ordering::Relaxed)),
+                ),
             )]);
         }
         let resp = match self.client().txn(txn).await {
@@ -567,7 +603,10 @@ impl Store for EtcdStore {
             None
         } else {
             resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(page_of(revision, g.kvs(), g.more())),
+                TxnOpResponse::Get(g) => {
+                    self.weighed(g.kvs());
+                    Some(page_of(revision, g.kvs(), g.more()))
+                }
                 _ => None,
             })
         };
@@ -611,5 +650,25 @@ impl Store for EtcdStore {
 
     async fn keep_alive(&self, lease: i64) -> Result<Self::KeepAlive, StoreError> {
         Self::KeepAlive::start(self, lease).await
+    }
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    #[test]
+    fn a_page_weighs_about_three_mebibytes() {
+        // Leases of about 250 bytes: as many as ever.
+        assert_eq!(keys_for(1000, 250_000), LIST_PAGE);
+        // 4,000-byte values: 786 a page.
+        assert_eq!(keys_for(1000, 4_000_000), 786);
+        // 60 KiB values: 51 a page (3 MiB), not 1,000 (60 MiB).
+        assert_eq!(keys_for(62, 62 * 60 * 1024), 51);
+        // 1.4 MiB values: two a page.
+        assert_eq!(keys_for(2, 2 * 1400 * 1024), 2);
+        // An empty page says nothing: back to the most.
+        assert_eq!(keys_for(0, 0), LIST_PAGE);
+        assert_eq!(keys_for(3, 0), LIST_PAGE);
     }
 }
