@@ -16,10 +16,6 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    /// Retries against etcd or the kernel: 250 ms, 500 ms, ... 5 s.
-    pub(crate) const RETRY: Backoff =
-        Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
-
     pub(crate) const fn new(base: Duration, cap: Duration) -> Self {
         Self { base, cap }
     }
@@ -121,7 +117,7 @@ mod tests {
 
     #[test]
     fn doubles_up_to_the_cap() {
-        let b = Backoff::RETRY;
+        let b = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
         let ms: Vec<u128> = (0..7).map(|a| b.delay(a).as_millis()).collect();
         assert_eq!(ms, [250, 500, 1000, 2000, 4000, 5000, 5000]);
         assert_eq!(b.delay(u32::MAX), Duration::from_secs(5));

@@ -127,8 +127,9 @@ impl<S: Store> Watch<S> {
                 Ended::Broken { why, reached } => {
                     self.trouble.notify_one();
                     // Not before the members are looked at (a member
-                    // without a leader is taken out of rotation first).
-                    let wait = retry.failed(self.nodes(), &mut rng).max(MEMBERS_CHECKED);
+                    // without a leader is taken out of rotation first),
+                    // then spread like any retry.
+                    let wait = MEMBERS_CHECKED + retry.failed(self.nodes(), &mut rng);
                     (why, Some(reached), wait)
                 }
                 Ended::Compacted(why) => (why, None, retry.failed(self.nodes(), &mut rng)),
@@ -154,8 +155,9 @@ impl<S: Store> Watch<S> {
     /// The kept snapshot, handed over if etcd still holds its revision;
     /// the revision to watch after, or None to list.
     async fn resume(&self, s: Snapshot) -> Option<i64> {
-        let key = self.prefix.trim_end_matches('/');
-        match self.store.holds_revision(key, s.revision).await {
+        // A key under the prefix (the prefix itself): a node's role may
+        // read nothing else.
+        match self.store.holds_revision(&self.prefix, s.revision).await {
             Ok(Some(cluster)) if cluster != s.cluster => {
                 tracing::info!(
                     kept = format!("{:x}", s.cluster),
