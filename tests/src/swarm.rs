@@ -26,6 +26,9 @@ pub fn public_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(0xc613_0000u32 + 1 + i as u32)
 }
 
+/// One agent's answer to a GET (status line, body), None if it gave none.
+type Answer = Option<(String, String)>;
+
 impl Swarm {
     /// Starts `n` agents in `ns` (which has `ip`), given `endpoints`, all at
     /// once; health ports from `first_port` on.
@@ -37,8 +40,9 @@ impl Swarm {
         first_port: u16,
         extra: &[&str],
     ) -> Result<Self> {
-        let mut agents = Vec::with_capacity(n);
-        for i in 0..n {
+        // Started from a few threads at once: a thousand agents within a
+        // second or two, as a cluster's nodes boot.
+        let args_of = |i: usize| -> Vec<String> {
             let port = first_port + i as u16;
             let mut args: Vec<String> = [
                 "--etcd-endpoints",
@@ -58,16 +62,41 @@ impl Swarm {
             .map(|s| s.to_string())
             .collect();
             args.extend(extra.iter().map(|s| s.to_string()));
-            agents.push(
-                Agent::start_with_env(
-                    &format!("swarm-{i}"),
-                    Some(ns),
-                    &args,
-                    &[("WEFT_LOG", "info")],
-                )
-                .with_context(|| format!("starting agent {i}"))?,
-            );
+            args
+        };
+        let threads = 4.min(n.max(1));
+        let started: Vec<Result<Vec<(usize, Agent)>>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let args_of = &args_of;
+                    sc.spawn(move || {
+                        (t..n)
+                            .step_by(threads)
+                            .map(|i| {
+                                Agent::start_with_env(
+                                    &format!("swarm-{i}"),
+                                    Some(ns),
+                                    &args_of(i),
+                                    &[("WEFT_LOG", "info")],
+                                )
+                                .map(|a| (i, a))
+                                .with_context(|| format!("starting agent {i}"))
+                            })
+                            .collect::<Result<Vec<_>>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a starter thread"))
+                .collect()
+        });
+        let mut agents: Vec<(usize, Agent)> = Vec::with_capacity(n);
+        for part in started {
+            agents.extend(part?);
         }
+        agents.sort_by_key(|(i, _)| *i);
+        let agents = agents.into_iter().map(|(_, a)| a).collect();
         Ok(Self {
             agents,
             ip,
@@ -77,10 +106,35 @@ impl Swarm {
 
     /// One GET to every agent (in `ns`): each answer (None where an agent
     /// did not answer).
-    fn get_all(&self, ns: &Netns, path: &str) -> Vec<Option<(String, String)>> {
-        (0..self.agents.len())
-            .map(|i| http_get(ns, self.ip, self.first_port + i as u16, path).ok())
-            .collect()
+    fn get_all(&self, ns: &Netns, path: &str) -> Vec<Answer> {
+        let n = self.agents.len();
+        let threads = 8.min(n.max(1));
+        let mut out = vec![None; n];
+        let parts: Vec<Vec<(usize, Answer)>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    sc.spawn(move || {
+                        (t..n)
+                            .step_by(threads)
+                            .map(|i| {
+                                (
+                                    i,
+                                    http_get(ns, self.ip, self.first_port + i as u16, path).ok(),
+                                )
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a getter thread"))
+                .collect()
+        });
+        for (i, r) in parts.into_iter().flatten() {
+            out[i] = r;
+        }
+        out
     }
 
     /// Every agent's value of one metric series (None where it has none).

@@ -5,6 +5,7 @@ pub mod control_plane;
 pub mod datapath;
 pub mod egress;
 pub mod leases;
+pub mod scale;
 
 /// A `--flag VALUE` from the arguments, parsed.
 pub fn flag<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {

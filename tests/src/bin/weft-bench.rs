@@ -1,10 +1,10 @@
-//! `cargo xtask bench <datapath|egress|leases|control-plane> [options]`.
+//! `cargo xtask bench <datapath|egress|leases|control-plane|scale> [options]`.
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(which) = args.first().cloned() else {
         eprintln!(
-            "usage: weft-bench <datapath|egress|leases|control-plane> [--json FILE] [options]"
+            "usage: weft-bench <datapath|egress|leases|control-plane|scale> [--json FILE] [options]"
         );
         std::process::exit(2);
     };
@@ -20,8 +20,9 @@ fn main() {
             "datapath" => weft_tests::bench::datapath::run(rest).await,
             "egress" => weft_tests::bench::egress::run(rest).await,
             "control-plane" => weft_tests::bench::control_plane::run(rest).await,
+            "scale" => weft_tests::bench::scale::run(rest).await,
             other => Err(anyhow::anyhow!(
-                "unknown benchmark {other:?}: datapath, egress, leases or control-plane"
+                "unknown benchmark {other:?}: datapath, egress, leases, control-plane or scale"
             )),
         }
     });
