@@ -51,7 +51,9 @@ impl Ledger {
 pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
     let started = Instant::now();
     let mut ledger = Ledger::default();
-    let weft = ledger.phase("build", || crate::build::build(false))?;
+    let weft = ledger.phase("build", || {
+        crate::build::build(false).and_then(|b| frozen(&b))
+    })?;
     ledger.phase("lint", crate::lint::lint)?;
     ledger.phase("docs", || crate::docs::docs(&weft, true))?;
     // The VMs are made ready (kernels fetched, test binaries built) before
@@ -91,6 +93,21 @@ pub(crate) fn test(filter: Option<&str>, fuzz_seconds: u64) -> Result<()> {
     side.fuzzed?;
     eprintln!("xtask test: all green in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// A copy of the agent binary `built` that no later cargo run replaces:
+/// `cargo test --workspace` links `target/debug/weft` again (its features
+/// unified with the tests'), and a VM lane that starts an agent while it
+/// does runs a half-written file.
+fn frozen(built: &Path) -> Result<std::path::PathBuf> {
+    let dir = std::fs::canonicalize("target")?.join("under-test");
+    std::fs::create_dir_all(&dir)?;
+    let to = dir.join("weft");
+    let part = dir.join("weft.partial");
+    std::fs::copy(built, &part)
+        .with_context(|| format!("copying {} to {}", built.display(), part.display()))?;
+    std::fs::rename(&part, &to)?;
+    Ok(to)
 }
 
 /// The host's phases: the image, the tests, the reruns. Returns the tests'
