@@ -249,3 +249,14 @@ pub fn quantiles(xs: &mut [f64]) -> (f64, f64, f64) {
     let q = |p: f64| xs[((xs.len() - 1) as f64 * p).round() as usize];
     (q(0.5), q(0.99), xs[xs.len() - 1])
 }
+
+/// Seconds of the day (UTC) of a log line's timestamp
+/// (`...T20:04:07.033369Z`), as the agents write them.
+pub fn log_time(line: &str) -> Option<f64> {
+    let t = line.split_once('T')?.1.split_once('Z')?.0;
+    let mut parts = t.split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    Some(h * 3600.0 + m * 60.0 + s)
+}

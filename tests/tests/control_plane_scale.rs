@@ -24,7 +24,7 @@ use weft_tests::{
     cluster::{Node, Underlay},
     etcd_cluster::{EtcdCluster, Options},
     etcd_fill::{messages, revisions},
-    swarm::Swarm,
+    swarm::{Swarm, log_time},
     weft_cluster::{CONFIG, PREFIX},
 };
 
@@ -38,16 +38,6 @@ fn received(ec: &EtcdCluster) -> f64 {
         .filter_map(|m| messages(&m.ns, m.ip.parse().unwrap()).ok())
         .map(|(r, _)| r)
         .sum()
-}
-
-/// Seconds of the day of a log line's timestamp (`...T20:04:07.033369Z`).
-fn log_time(line: &str) -> Option<f64> {
-    let t = line.split_once('T')?.1.split_once('Z')?.0;
-    let mut parts = t.split(':');
-    let h: f64 = parts.next()?.parse().ok()?;
-    let m: f64 = parts.next()?.parse().ok()?;
-    let s: f64 = parts.next()?.parse().ok()?;
-    Some(h * 3600.0 + m * 60.0 + s)
 }
 
 /// When each agent's watch last reconnected (seconds of the day), from its

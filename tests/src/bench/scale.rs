@@ -41,7 +41,7 @@ use crate::{
     etcd_fill::{messages, served_at},
     etcd_proxy::EtcdProxy,
     netns::Netns,
-    swarm::{Swarm, cpu_seconds, quantiles},
+    swarm::{Swarm, cpu_seconds, log_time, quantiles},
     weft_cluster::PREFIX,
 };
 
@@ -96,15 +96,6 @@ fn now_of_day() -> f64 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     d.as_secs_f64() % 86_400.0
-}
-
-fn log_time(line: &str) -> Option<f64> {
-    let t = line.split_once('T')?.1.split_once('Z')?.0;
-    let mut parts = t.split(':');
-    let h: f64 = parts.next()?.parse().ok()?;
-    let m: f64 = parts.next()?.parse().ok()?;
-    let s: f64 = parts.next()?.parse().ok()?;
-    Some(h * 3600.0 + m * 60.0 + s)
 }
 
 impl Run {
